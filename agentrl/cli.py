@@ -1,0 +1,46 @@
+"""``agentrl`` command line: a thin dispatcher; each subcommand lives with the package that owns it.
+
+Subcommands are imported only when invoked, so ``agentrl --help`` stays fast and a missing optional
+dependency only breaks the command that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("agentrl.trainer.main:main", "run GRPO end to end (rollout, Megatron training, weight sync)"),
+    "rollout": ("agentrl.rollout.main:main", "rollout only: run episodes and save Samples as JSONL"),
+    "eval": ("agentrl.rollout.evaluate:main", "held-out accuracy of a model directory on an environment"),
+    "serve": ("agentrl.rollout.serve:main", "embedded engines behind the smg router in one command"),
+    "sandbox": ("agentrl.sandbox.cli:main", "sandbox maintenance (gc of orphaned containers/volumes)"),
+    "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 model + test tokenizer"),
+    "dump": ("agentrl.trajectory.dump:main", "print samples aligned with loss mask and provenance"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: agentrl COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"agentrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = COMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Build a tiny random-init Qwen2-architecture model with the bundled test tokenizer (no hub access).
+
+Shape from DESIGN.md §4: 0.62M parameters, 2.5 MB, fast enough for RL on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
+TINY_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+
+
+def copy_tokenizer(out_dir: str | Path) -> Path:
+    """Copy the bundled tiny tokenizer (tokenizer.json, config, chat template) into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in TOKENIZER_DIR.iterdir():
+        shutil.copy2(f, out / f.name)
+    return out
+
+
+def make_tiny_model(out_dir: str | Path, *, seed: int = 0, **overrides: int) -> Path:
+    """Write a random-init Qwen2 model plus tokenizer to ``out_dir`` and return the path.
+
+    ``overrides`` replace fields of :data:`TINY_SHAPE` (e.g. ``max_position_embeddings=1024``).
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    out = copy_tokenizer(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    shape = {**TINY_SHAPE, **overrides}
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **shape,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agentrl make-tiny-model", description=__doc__)
+    parser.add_argument("out_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-position-embeddings", type=int, default=TINY_SHAPE["max_position_embeddings"])
+    args = parser.parse_args(argv)
+    path = make_tiny_model(args.out_dir, seed=args.seed, max_position_embeddings=args.max_position_embeddings)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
