@@ -15,7 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("agentrl.rollout.main:main", "rollout only: run episodes and save Samples as JSONL"),
     "eval": ("agentrl.rollout.evaluate:main", "held-out accuracy of a model directory on an environment"),
     "serve": ("agentrl.rollout.serve:main", "embedded engines behind the smg router in one command"),
-    "sandbox": ("agentrl.sandbox.cli:main", "sandbox maintenance (gc of orphaned containers/volumes)"),
+    "gateway": ("agentrl.rollout.gateway:main", "OpenAI-compatible /v1/chat/completions that records trajectories"),
+    "sandbox": ("agentrl.sandbox.cli:main", "sandbox setup (dockerd + base image) and gc of orphaned containers"),
+    "check-logprobs": ("agentrl.trainer.check_logprobs:main", "engine vs Megatron log-prob agreement on sampled turns"),
+    "check-weight-sync": ("agentrl.trainer.check_weight_sync:main", "bitwise check of one weight-sync mode"),
     "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 model + test tokenizer"),
     "dump": ("agentrl.trajectory.dump:main", "print samples aligned with loss mask and provenance"),
 }
