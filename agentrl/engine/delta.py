@@ -376,6 +376,7 @@ def apply_delta(
     # Phase 1: verify everything; nothing is written.
     planned: list[_Planned] = []
     seen: set[str] = set()
+    by_storage: dict[tuple, TensorEntry] = {}  # tied weights share storage: write them once
     offset = 0
     for entry in header.tensors:
         if entry.name in seen:
@@ -385,7 +386,16 @@ def apply_delta(
             raise DeltaMismatchError(f"{entry.name}: no such tensor in the engine")
         sections = _split(plain_view, entry, offset)
         offset += sum(entry.sections)
-        planned.append(_plan(entry, named_params[entry.name], sections))
+        param = named_params[entry.name]
+        key = (param.untyped_storage().data_ptr(), param.storage_offset(), tuple(param.shape), param.dtype)
+        if key in by_storage:
+            if by_storage[key].new_xxh != entry.new_xxh:
+                raise DeltaMismatchError(
+                    f"{entry.name} shares storage with {by_storage[key].name} but the delta gives them different bits"
+                )
+            continue
+        by_storage[key] = entry
+        planned.append(_plan(entry, param, sections))
     if offset != len(plain_view):
         raise DeltaCorruptError(f"{len(plain_view) - offset} trailing body bytes not claimed by any tensor")
 

@@ -292,3 +292,32 @@ def test_invalidated_snapshot_has_no_base() -> None:
     snap.record([("t", torch.ones(4))], "1")
     snap.invalidate()
     assert snap.get("t") is None and not snap.valid
+
+
+def test_tied_weights_listed_twice_are_written_once() -> None:
+    """XOR applied twice to shared storage would cancel out: aliases must be written once."""
+    embed = torch.randn(16, 8)
+    engine = {"embed.weight": embed, "lm_head.weight": embed}  # tied, like HF state_dict
+    new = embed + 1.0
+    payload, _ = encode_delta(
+        [("embed.weight", embed.clone(), new), ("lm_head.weight", embed.clone(), new)],
+        base_version="1",
+        new_version="2",
+        encoding="xor",
+    )
+    apply_delta(engine, payload, base_version="1")
+    assert same_bits(engine["embed.weight"], new) and same_bits(engine["lm_head.weight"], new)
+
+
+def test_tied_weights_with_different_bits_are_rejected() -> None:
+    embed = torch.randn(16, 8)
+    before = embed.clone()
+    engine = {"embed.weight": embed, "lm_head.weight": embed}
+    payload, _ = encode_delta(
+        [("embed.weight", before, before + 1.0), ("lm_head.weight", before, before + 2.0)],
+        base_version="1",
+        new_version="2",
+    )
+    with pytest.raises(DeltaMismatchError, match="shares storage"):
+        apply_delta(engine, payload, base_version="1")
+    assert same_bits(embed, before)

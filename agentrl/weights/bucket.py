@@ -1,0 +1,123 @@
+"""Flattened per-dtype buckets of named tensors, with the metadata to unflatten them.
+
+Sending a few large contiguous buffers instead of hundreds of small tensors is what makes tensor and
+broadcast sync fast: one IPC handle, one shared-memory segment or one collective per bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_BUCKET_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    """Where one tensor lies inside its bucket (offsets in elements)."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "offset": self.offset, "numel": self.numel}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> BucketEntry:
+        return cls(str(raw["name"]), tuple(int(s) for s in raw["shape"]), int(raw["offset"]), int(raw["numel"]))
+
+
+@dataclass
+class Bucket:
+    """One flat 1-D tensor of a single dtype holding several named tensors back to back."""
+
+    flat: torch.Tensor
+    entries: list[BucketEntry]
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def metadata(self) -> dict[str, Any]:
+        """JSON-able description: dtype, element count and entries."""
+        return {
+            "dtype": str(self.flat.dtype).removeprefix("torch."),
+            "numel": self.flat.numel(),
+            "entries": [e.to_json() for e in self.entries],
+        }
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Views into :attr:`flat`, one per entry, in their original shapes (no copy)."""
+        return unflatten(self.flat, self.entries)
+
+
+def unflatten(flat: torch.Tensor, entries: Iterable[BucketEntry]) -> list[tuple[str, torch.Tensor]]:
+    """Named views of ``flat`` described by ``entries``; checks that each fits."""
+    out = []
+    for e in entries:
+        if e.offset < 0 or e.offset + e.numel > flat.numel():
+            raise ValueError(f"{e.name}: elements {e.offset}..{e.offset + e.numel} outside a bucket of {flat.numel()}")
+        out.append((e.name, flat[e.offset : e.offset + e.numel].view(e.shape)))
+    return out
+
+
+def make_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    device: torch.device | str | None = None,
+) -> Iterator[Bucket]:
+    """Group tensors by dtype into flat buckets of at most ``bucket_bytes`` (a larger tensor gets its own).
+
+    Streams: a bucket is yielded as soon as it is full, so at most one open bucket per dtype is held.
+    Tensors keep their relative order within a dtype. ``device``: where buckets are built (default: the
+    first tensor's device).
+    """
+    import torch
+
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    pending: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    pending_bytes: dict[torch.dtype, int] = {}
+
+    def flush(dtype: torch.dtype) -> Bucket:
+        items = pending.pop(dtype)
+        pending_bytes.pop(dtype)
+        target = device if device is not None else items[0][1].device
+        total = sum(t.numel() for _, t in items)
+        flat = torch.empty(total, dtype=dtype, device=target)
+        entries, offset = [], 0
+        for name, t in items:
+            flat[offset : offset + t.numel()].copy_(t.detach().reshape(-1))
+            entries.append(BucketEntry(name, tuple(t.shape), offset, t.numel()))
+            offset += t.numel()
+        return Bucket(flat, entries)
+
+    for name, tensor in named_tensors:
+        size = tensor.numel() * tensor.element_size()
+        dtype = tensor.dtype
+        if dtype in pending and pending_bytes[dtype] + size > bucket_bytes:
+            yield flush(dtype)
+        pending.setdefault(dtype, []).append((name, tensor))
+        pending_bytes[dtype] = pending_bytes.get(dtype, 0) + size
+    for dtype in list(pending):
+        yield flush(dtype)
+
+
+def unique_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Drop later names that alias an earlier tensor (tied embeddings): engines tie them themselves."""
+    seen: set[tuple[int, int, tuple[int, ...], Any]] = set()
+    out = []
+    for name, t in named_tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out.append((name, t))
+    return out
