@@ -1,0 +1,110 @@
+"""``Environment``: one episode of a tool-using task. Subclass it, give it ``@tool`` methods and a reward.
+
+A fresh instance serves exactly one episode (so ``self`` is the per-episode state); the agent loop
+calls ``reset(task)``, runs the tools the model calls, asks ``on_text_response`` what to do with a reply
+that calls no tool, stops on ``self.done`` or a limit, then awaits ``reward()`` and ``close()``.
+``reset``, tools, ``reward`` and ``close`` may each be sync or async.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable
+from typing import Any, ClassVar, TypeVar
+
+from agentrl.envs.formats import ToolCall
+from agentrl.envs.tools import TOOL_ATTRIBUTE, ToolArgumentError, ToolSpec
+
+T = TypeVar("T")
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """``await`` a coroutine/awaitable result of a hook that may be sync or async."""
+    return await value if inspect.isawaitable(value) else value
+
+
+class ToolCallError(Exception):
+    """A call the environment could not run; the message is shown to the model as the tool's result."""
+
+
+class Environment:
+    """Base class of every environment. Override ``reset`` and ``reward``; declare tools with ``@tool``.
+
+    Class attributes are the episode's limits (override per subclass or per instance):
+    ``max_turns`` model replies; ``max_total_tokens`` tokens in the final sequence (prompt + all
+    replies); ``max_context_tokens`` the model's context (the loop also caps it at the engine's); and
+    ``max_tool_output_chars`` to truncate long tool results.
+    """
+
+    max_turns: ClassVar[int] = 8
+    max_total_tokens: ClassVar[int | None] = None
+    max_context_tokens: ClassVar[int | None] = None
+    max_tool_output_chars: ClassVar[int] = 4000
+    tools: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):  # subclasses override tools of their bases by method name
+            for attr in vars(klass).values():
+                spec = getattr(attr, TOOL_ATTRIBUTE, None)
+                if isinstance(spec, ToolSpec):
+                    found[spec.name] = spec
+        cls.tools = found
+
+    def __init__(self) -> None:
+        self.done = False
+        self.task: Any = None
+        self.messages: list[dict[str, Any]] = []
+
+    # ---- the hooks a subclass writes -------------------------------------------------------------
+    def reset(self, task: Any) -> list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]:
+        """Start the episode for ``task``; return the initial messages (system and/or user)."""
+        raise NotImplementedError(f"{type(self).__name__}.reset(task) must return the initial messages")
+
+    def reward(self) -> float | Awaitable[float]:
+        """Score of the finished episode (``self.task``, ``self.messages`` and any state the tools kept)."""
+        raise NotImplementedError(f"{type(self).__name__}.reward() must return the episode's reward")
+
+    def on_text_response(self, text: str) -> list[dict[str, Any]] | None:
+        """The model replied without calling a tool: return messages to continue with, or ``None`` to end.
+
+        Default: the reply is the final answer and the episode ends.
+        """
+        self.done = True
+        return None
+
+    def close(self) -> None | Awaitable[None]:
+        """Release per-episode resources (sandboxes, files). Called once, also after errors."""
+        return None
+
+    # ---- used by the agent loop ------------------------------------------------------------------
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """The tools as the chat template expects them (``[{"type": "function", "function": ...}]``)."""
+        return [spec.schema() for spec in cls.tools.values()]
+
+    async def call_tool(self, call: ToolCall) -> str:
+        """Run one call and return its result as text. Raises :class:`ToolCallError` with a message
+        for the model when the tool is unknown, the arguments do not match its schema, or it raised."""
+        spec = self.tools.get(call.name)
+        if spec is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            raise ToolCallError(f"unknown tool {call.name!r}; available tools: {known}")
+        try:
+            kwargs = spec.validate(call.arguments)
+        except ToolArgumentError as err:
+            raise ToolCallError(str(err)) from None
+        try:
+            result = await maybe_await(spec.function(self, **kwargs))
+        except Exception as err:  # a tool's failure is information for the model, not a crash
+            raise ToolCallError(f"tool {call.name!r} failed: {type(err).__name__}: {err}") from err
+        return self._as_text(result)
+
+    def _as_text(self, result: Any) -> str:
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+        limit = self.max_tool_output_chars
+        if limit and len(text) > limit:
+            text = text[:limit] + f"\n[... truncated {len(text) - limit} characters]"
+        return text

@@ -1,0 +1,294 @@
+"""The agent loop, string-in / token-out, and the default rollout over many episodes.
+
+One episode: ``messages = env.reset(task)``; then per turn render the messages with the chat template
+(:class:`~agentrl.envs.render.ChatRenderer`), ``await generate(prompt_ids, session_id=...,
+sampling_params=...)`` (a :class:`~agentrl.trajectory.TurnRecord` exactly as served), record the turn in
+the :class:`~agentrl.trajectory.TrajectoryManager`, decode and parse the reply, run its tool calls and
+append their results; until ``env.done`` or a limit. Then ``get_trajectory(reward=env.reward())``.
+
+The loop never imports the rollout client: ``generate`` is any async callable with that signature, which
+is also how users swap in their own sampling (see :mod:`agentrl.envs.plugins`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentrl.envs.environment import Environment, ToolCallError, maybe_await
+from agentrl.envs.formats import ToolCallFormat, format_for
+from agentrl.envs.render import ChatRenderer
+from agentrl.trajectory import Sample, TrajectoryManager, TurnRecord
+
+
+class Generate(Protocol):
+    """``await generate(input_ids, session_id=..., sampling_params=...) -> TurnRecord``."""
+
+    def __call__(self, input_ids: list[int], *, session_id: str,
+                 sampling_params: dict[str, Any] | None = None) -> Awaitable[TurnRecord]: ...
+
+
+EnvFactory = Callable[[], Environment]
+
+# Why an episode stopped; all but "done"/"no_tool_call" mean the episode was cut short ("truncated").
+STOP_TRUNCATED = {"max_turns", "max_total_tokens", "context_length", "length"}
+
+
+@dataclass
+class EpisodeMetrics:
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    ill_formed_turns: int = 0  # replies with at least one malformed call (bad JSON, unknown tool, bad args)
+    reward: float = 0.0
+    stop_reason: str = ""
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    drift: dict[str, int] = field(default_factory=dict)  # drift-guard outcomes over the episode's turns
+    prompt_tokens: int = 0  # of the first prompt
+    generated_tokens: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class EpisodeResult:
+    session_id: str
+    group_id: str
+    task: Any
+    samples: list[Sample]
+    metrics: EpisodeMetrics
+    messages: list[dict[str, Any]]
+
+
+@dataclass
+class RolloutResult:
+    groups: list[list[EpisodeResult]]  # one list per task, n samples each, sharing a group id
+
+    @property
+    def episodes(self) -> list[EpisodeResult]:
+        return [episode for group in self.groups for episode in group]
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [sample for episode in self.episodes for sample in episode.samples]
+
+    def summary(self) -> dict[str, float]:
+        """Means over episodes: reward, turns, tool calls, ill-formed turn rate, failures."""
+        episodes = self.episodes
+        n = max(len(episodes), 1)
+        turns = sum(e.metrics.turns for e in episodes)
+        return {
+            "episodes": len(episodes),
+            "samples": len(self.samples),
+            "reward_mean": sum(e.metrics.reward for e in episodes) / n,
+            "turns_mean": turns / n,
+            "tool_calls_mean": sum(e.metrics.tool_calls for e in episodes) / n,
+            "ill_formed_turn_rate": sum(e.metrics.ill_formed_turns for e in episodes) / max(turns, 1),
+            "failed": sum(e.metrics.error is not None for e in episodes),
+        }
+
+
+async def run_episode(
+    env: Environment,
+    task: Any,
+    generate: Generate,
+    renderer: ChatRenderer,
+    *,
+    session_id: str,
+    group_id: str | None = None,
+    sampling_params: dict[str, Any] | None = None,
+    trajectory_manager: TrajectoryManager | None = None,
+    tool_format: ToolCallFormat | None = None,
+    max_context_tokens: int | None = None,
+) -> EpisodeResult:
+    """Play one episode of ``env`` on ``task`` and return its Samples and metrics.
+
+    ``max_context_tokens`` is the engine's context length; each reply's ``max_new_tokens`` is capped
+    so that prompt + reply fits both it and ``env.max_total_tokens``. Failures of ``generate`` or of the
+    environment's hooks propagate (the session is dropped and ``env.close()`` still runs); malformed tool
+    calls never do.
+    """
+    manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
+    fmt = tool_format or format_for(renderer.tokenizer)
+    metrics = EpisodeMetrics()
+    started = time.perf_counter()
+    finish = Counter()
+    limits = [x for x in (max_context_tokens, env.max_context_tokens) if x]
+    context = min(limits) if limits else None
+    try:
+        messages = list(await maybe_await(env.reset(task)))
+        env.task, env.messages = task, messages
+        tools = env.tool_schemas()
+        last_finish = None
+        while True:
+            if env.done:
+                metrics.stop_reason = metrics.stop_reason or "done"
+                break
+            if metrics.turns >= env.max_turns:
+                metrics.stop_reason = "max_turns"
+                break
+            prompt_ids = renderer.render(messages, tools).ids
+            if metrics.turns == 0:
+                metrics.prompt_tokens = len(prompt_ids)
+            budget, limit_name = _token_budget(len(prompt_ids), context, env.max_total_tokens)
+            if budget is not None and budget <= 0:
+                metrics.stop_reason = limit_name
+                break
+            params = dict(sampling_params or {})
+            if budget is not None:
+                params["max_new_tokens"] = min(params.get("max_new_tokens", budget), budget)
+            turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
+            text = renderer.decode_response(turn.output_ids)
+            reply = {"role": "assistant", "content": text}
+            manager.record_turn(session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
+                                metadata={"turn": metrics.turns})
+            messages.append(reply)
+            metrics.turns += 1
+            metrics.generated_tokens += len(turn.output_ids)
+            last_finish = turn.finish_reason
+            finish[last_finish] += 1
+            if last_finish == "abort":
+                metrics.stop_reason = "abort"
+                break
+            messages.extend(await _act(env, fmt, text, metrics))
+        reward = float(await maybe_await(env.reward()))
+        metrics.reward = reward
+        if metrics.stop_reason == "no_tool_call" and last_finish == "length":
+            metrics.stop_reason = "length"  # the final reply was cut off, not finished
+        samples = manager.get_trajectory(
+            session_id, reward=reward,
+            extra_metadata={"stop_reason": metrics.stop_reason, "turns": metrics.turns,
+                            "ill_formed_turns": metrics.ill_formed_turns},
+        )
+        status = _status(metrics.stop_reason)
+        for sample in samples:
+            sample.group_id = group_id or session_id
+            sample.status = status
+        metrics.samples = len(samples)
+        metrics.drift = _drift_counts(samples)
+    except BaseException:
+        if manager.has_session(session_id):
+            manager.drop_session(session_id)
+        raise
+    finally:
+        metrics.finish_reasons = dict(finish)
+        metrics.seconds = time.perf_counter() - started
+        await maybe_await(env.close())
+    return EpisodeResult(session_id=session_id, group_id=group_id or session_id, task=task, samples=samples,
+                         metrics=metrics, messages=messages)
+
+
+async def _act(env: Environment, fmt: ToolCallFormat, text: str, metrics: EpisodeMetrics) -> list[dict[str, Any]]:
+    """Tool messages answering the reply ``text`` (its calls' results and malformed-call errors)."""
+    parsed = fmt.parse(text)
+    out: list[dict[str, Any]] = []
+    ill_formed = bool(parsed.errors)
+    for error in parsed.errors:
+        out.append({"role": "tool", "content": f"Error: {error}"})
+    for call in parsed.calls:
+        if env.done:  # a call after the one that ended the episode is not run
+            break
+        metrics.tool_calls += 1
+        try:
+            result = await env.call_tool(call)
+        except ToolCallError as err:
+            metrics.tool_errors += 1
+            ill_formed = True
+            result = f"Error: {err}"
+        out.append({"role": "tool", "name": call.name, "content": result})
+    metrics.ill_formed_turns += int(ill_formed)
+    if not parsed.calls and not parsed.errors:
+        more = await maybe_await(env.on_text_response(text))
+        out.extend(more or [])
+        if not more and not env.done:
+            env.done = True
+        if env.done:
+            metrics.stop_reason = "no_tool_call"
+    elif env.done:
+        metrics.stop_reason = "done"
+    return out
+
+
+def _token_budget(prompt_len: int, context: int | None, max_total: int | None) -> tuple[int | None, str]:
+    """New tokens allowed after a prompt of ``prompt_len``, and which limit binds."""
+    options = []
+    if context is not None:
+        options.append((context - prompt_len, "context_length"))
+    if max_total is not None:
+        options.append((max_total - prompt_len, "max_total_tokens"))
+    if not options:
+        return None, ""
+    return min(options)
+
+
+def _status(stop_reason: str) -> str:
+    if stop_reason == "abort":
+        return "aborted"
+    return "truncated" if stop_reason in STOP_TRUNCATED else "completed"
+
+
+def _drift_counts(samples: Sequence[Sample]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for sample in samples:
+        for outcome in sample.metadata.get("drift_outcomes", []):
+            counts[str(outcome)] += 1
+    return dict(counts)
+
+
+async def generate_rollout(
+    env_factory: EnvFactory,
+    tasks: Sequence[Any],
+    generate: Generate,
+    renderer: ChatRenderer,
+    *,
+    n_samples_per_task: int = 1,
+    concurrency: int = 32,
+    sampling_params: dict[str, Any] | None = None,
+    trajectory_manager: TrajectoryManager | None = None,
+    tool_format: ToolCallFormat | None = None,
+    max_context_tokens: int | None = None,
+    episode_fn: Callable[..., Awaitable[EpisodeResult]] | str | None = None,
+) -> RolloutResult:
+    """Run ``n_samples_per_task`` episodes per task (a GRPO group sharing one group id), at most
+    ``concurrency`` at a time. An episode that raises is reported (``metrics.error``, no samples)
+    instead of cancelling the others.
+
+    ``episode_fn`` (a function or ``"pkg.mod:fn"``) replaces :func:`run_episode` per sample with the
+    same signature — the per-sample generate plug-in.
+    """
+    from agentrl.envs.plugins import load_function
+
+    if n_samples_per_task < 1 or concurrency < 1:
+        raise ValueError("n_samples_per_task and concurrency must be >= 1")
+    play = load_function(episode_fn) if isinstance(episode_fn, str) else (episode_fn or run_episode)
+    manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
+    fmt = tool_format or format_for(renderer.tokenizer)
+    gate = asyncio.Semaphore(concurrency)
+    rollout_id = uuid.uuid4().hex[:8]
+
+    async def one(task: Any, group_id: str, index: int) -> EpisodeResult:
+        session_id = f"{group_id}-{index}"
+        async with gate:
+            env = env_factory()
+            try:
+                return await play(env, task, generate, renderer, session_id=session_id, group_id=group_id,
+                                  sampling_params=sampling_params, trajectory_manager=manager,
+                                  tool_format=fmt, max_context_tokens=max_context_tokens)
+            except Exception as err:
+                metrics = EpisodeMetrics(stop_reason="error", error=f"{type(err).__name__}: {err}")
+                return EpisodeResult(session_id=session_id, group_id=group_id, task=task, samples=[],
+                                     metrics=metrics, messages=list(env.messages))
+
+    groups = []
+    for t, task in enumerate(tasks):
+        group_id = f"{rollout_id}-g{t}"
+        groups.append([one(task, group_id, i) for i in range(n_samples_per_task)])
+    flat = await asyncio.gather(*(c for group in groups for c in group))
+    it = iter(flat)
+    return RolloutResult(groups=[[next(it) for _ in range(n_samples_per_task)] for _ in tasks])

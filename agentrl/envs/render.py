@@ -1,0 +1,166 @@
+"""Render a chat to token ids so that ONLY template-inserted control tokens are control tokens.
+
+A chat template renders the whole conversation into one string; tokenizing that string would turn the
+text ``<|im_end|>`` inside a tool result or a user message into the real control token (special-token
+injection). :class:`ChatRenderer` renders the template with a placeholder in place of every message
+text, then tokenizes segment by segment: template text normally, message text with
+``split_special_tokens=True``. Message texts are tokenized on their own, so an assistant reply is
+re-tokenized exactly as it would be canonically sampled after ``<|im_start|>assistant\\n`` — which keeps
+re-tokenization drift to non-canonical samples only.
+
+A template that rewrites message text (e.g. strips reasoning) cannot work with placeholders; for such
+templates the real render is tokenized whole, with each control-token text inside a message escaped
+(tokenized with ``split_special_tokens=True``) — equally injection-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """Token ids of a rendered chat, the rendered text, and a mask of assistant-written tokens."""
+
+    ids: list[int]
+    text: str
+    # 1 on the tokens of assistant message texts and the end-of-turn token closing each (supervised
+    # warm-up trains these); 0 on everything the template, the system, the user or a tool wrote.
+    assistant_mask: list[int]
+
+
+class ChatRenderer:
+    """Injection-safe ``messages -> token ids`` with the tokenizer's chat template, and reply decoding."""
+
+    def __init__(self, tokenizer: Any, **chat_template_kwargs: Any) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = chat_template_kwargs
+        self._nonce = secrets.token_hex(4)
+        self._slot = re.compile("\ue000" + self._nonce + r":(\d+)\ue001")
+        self.control_texts = sorted(
+            {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True
+        )
+        eos = tokenizer.eos_token_id
+        self.stop_ids = {eos} if isinstance(eos, int) else set(eos or [])
+
+    # ---- prompts ---------------------------------------------------------------------------------
+    def render(self, messages: list[Message], tools: list[dict] | None = None, *,
+               add_generation_prompt: bool = True) -> RenderedChat:
+        """Token ids of ``messages`` (plus the assistant header when ``add_generation_prompt``)."""
+        slotted, slots, owner = self._with_placeholders(messages)
+        template_text = self._apply_template(slotted, tools, add_generation_prompt)
+        real_text = self._apply_template(messages, tools, add_generation_prompt)
+        pieces = self._slot.split(template_text)  # [template, slot, template, slot, ..., template]
+        filled = "".join(slots[int(p)] if i % 2 else p for i, p in enumerate(pieces))
+        if filled != real_text:  # the template rewrites message text: placeholders would lie
+            return self._render_escaped(real_text, messages)
+        return self._tokenize_segments(pieces, slots, owner, messages, real_text)
+
+    def _with_placeholders(self, messages: list[Message]) -> tuple[list[Message], list[str], list[int]]:
+        slotted = copy.deepcopy(messages)
+        slots: list[str] = []
+        owner: list[int] = []  # message index of each slot
+
+        def slot(text: str, index: int) -> str:
+            slots.append(text)
+            owner.append(index)
+            return f"\ue000{self._nonce}:{len(slots) - 1}\ue001"
+
+        for index, message in enumerate(slotted):
+            content = message.get("content")
+            if isinstance(content, str) and content:  # empty text stays empty: templates test truthiness
+                message["content"] = slot(content, index)
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function", call)
+                fn["name"] = slot(fn["name"], index)
+                args = fn.get("arguments", {})
+                # transformers' tojson is json.dumps(ensure_ascii=False): same text as the template's.
+                fn["arguments"] = slot(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                                       index)
+        return slotted, slots, owner
+
+    def _apply_template(self, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **self.chat_template_kwargs,
+        )
+
+    def _tokenize_segments(self, pieces: list[str], slots: list[str], owner: list[int],
+                           messages: list[Message], text: str) -> RenderedChat:
+        template_parts = pieces[0::2]
+        slot_ids = [int(p) for p in pieces[1::2]]
+        template_tokens = self._encode_batch(template_parts, split_special=False)
+        slot_tokens = self._encode_batch([slots[i] for i in slot_ids], split_special=True)
+        ids: list[int] = []
+        mask: list[int] = []
+        closing = False  # inside an assistant turn: train up to and including its end-of-turn token
+        for k, template_ids in enumerate(template_tokens):
+            for token in template_ids:
+                ids.append(token)
+                mask.append(1 if closing else 0)
+                if closing and token in self.stop_ids:
+                    closing = False
+            if closing:  # the assistant turn continues in the next slot: template text inside it is not trained
+                mask[len(mask) - len(template_ids):] = [0] * len(template_ids)
+            if k < len(slot_ids):
+                is_assistant = messages[owner[slot_ids[k]]].get("role") == "assistant"
+                ids.extend(slot_tokens[k])
+                mask.extend([1 if is_assistant else 0] * len(slot_tokens[k]))
+                closing = is_assistant
+        return RenderedChat(ids=ids, text=text, assistant_mask=mask)
+
+    def _render_escaped(self, text: str, messages: list[Message]) -> RenderedChat:
+        """Fallback: tokenize the real render whole, control-token texts inside messages escaped."""
+        if not self.control_texts:
+            ids = self._encode_batch([text], split_special=False)[0]
+            return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+        pattern = re.compile("|".join(re.escape(t) for t in self.control_texts))
+        # Without placeholders, a control-token text is message text when it lies inside a message's text
+        # as found in the render; everything else is the template's own.
+        ids: list[int] = []
+        pos = 0
+        for match in pattern.finditer(text):
+            ids += self._encode_batch([text[pos:match.start()]], split_special=False)[0]
+            token = match.group(0)
+            if self._is_inside_message(text, match.start(), messages):
+                ids += self._encode_batch([token], split_special=True)[0]
+            else:
+                ids += self._encode_batch([token], split_special=False)[0]
+            pos = match.end()
+        ids += self._encode_batch([text[pos:]], split_special=False)[0]
+        return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+
+    @staticmethod
+    def _is_inside_message(text: str, position: int, messages: list[Message]) -> bool:
+        for message in messages:
+            content = message.get("content")
+            if not isinstance(content, str) or not content:
+                continue
+            start = text.find(content)
+            while start != -1:
+                if start <= position < start + len(content):
+                    return True
+                start = text.find(content, start + 1)
+        return False
+
+    def _encode_batch(self, texts: list[str], *, split_special: bool) -> list[list[int]]:
+        if not texts:
+            return []
+        out = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=split_special)
+        return [list(ids) for ids in out["input_ids"]]
+
+    # ---- replies ---------------------------------------------------------------------------------
+    def decode_response(self, output_ids: list[int]) -> str:
+        """The reply text of sampled ids: the trailing stop token dropped, nothing else (control tokens the
+        model emitted mid-reply stay as text, so the parser sees exactly what the model said)."""
+        ids = list(output_ids)
+        while ids and ids[-1] in self.stop_ids:
+            ids.pop()
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
