@@ -1,0 +1,264 @@
+"""GRPO-family losses as small pure functions on tensors (no Megatron, no distributed state).
+
+Conventions: per-token tensors are ``[B, T]`` (padded response tokens) with a 0/1 float ``mask``; the
+log-probs are of the sampled tokens. Every function returns new tensors and never mutates its inputs.
+Names follow slime / verl where those exist (``eps_clip``, ``eps_clip_high``, ``eps_clip_c``, ``tis``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+KLType = Literal["k1", "k2", "k3", "low_var_kl"]
+Normalization = Literal["token_mean", "seq_mean", "token_sum"]
+
+
+# ---------------------------------------------------------------------------------------------- advantages
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_ids: Sequence[object], *, scale_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """Group-normalised advantages ``(r - mean_g) / (std_g + eps)`` (``scale_by_std=False``: Dr.GRPO).
+
+    ``std`` is the unbiased sample std (as in the GRPO paper / slime); a group of one gets advantage 0.
+    """
+    rewards = rewards.to(torch.float32)
+    if rewards.dim() != 1 or len(group_ids) != rewards.numel():
+        raise ValueError(f"rewards must be 1-D with one group id each, got {tuple(rewards.shape)} / {len(group_ids)}")
+    out = torch.zeros_like(rewards)
+    index: dict[object, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        index.setdefault(g, []).append(i)
+    for members in index.values():
+        idx = torch.tensor(members)
+        r = rewards[idx]
+        centred = r - r.mean()
+        if scale_by_std:
+            std = r.std() if len(members) > 1 else torch.zeros(())
+            centred = centred / (std + eps)
+        out[idx] = centred
+    return out
+
+
+def drop_zero_variance_groups(rewards: Sequence[float], group_ids: Sequence[object]) -> list[int]:
+    """Dynamic-sampling filter (DAPO): indices of samples whose group has more than one distinct reward.
+
+    Plug-in signature ``(rewards, group_ids) -> kept indices``; a trainer config names it by dotted path.
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    seen: dict[object, set[float]] = {}
+    for r, g in zip(rewards, group_ids, strict=True):
+        seen.setdefault(g, set()).add(float(r))
+    return [i for i, g in enumerate(group_ids) if len(seen[g]) > 1]
+
+
+# ---------------------------------------------------------------------------------------------- KL
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLType = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs (Schulman's k1/k2/k3).
+
+    ``low_var_kl`` is k3 clamped to [-10, 10] (verl), which keeps early large ratios from exploding.
+    """
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind in ("k3", "low_var_kl"):
+        neg = -log_ratio
+        if kind == "low_var_kl":
+            neg = neg.clamp(-20.0, 20.0)
+        k3 = neg.exp() - 1.0 - neg
+        return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL estimator {kind!r} (k1, k2, k3, low_var_kl)")
+
+
+def kl_in_reward(
+    rewards: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, coef: float,
+    kind: KLType = "k1",
+) -> torch.Tensor:
+    """Sequence reward minus ``coef`` x summed per-token KL (the "KL in reward" placement)."""
+    kl = kl_penalty(logprobs, ref_logprobs, kind) * mask
+    return rewards - coef * kl.sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+
+def reduce_tokens(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    how: Normalization = "token_mean",
+    *,
+    n_tokens: float | None = None,
+    n_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce ``[B, T]`` per-token values to a scalar.
+
+    ``token_mean``: sum over all tokens / number of tokens (DAPO); ``seq_mean``: mean over sequences of
+    each sequence's token mean (GRPO paper); ``token_sum``: plain sum (Dr.GRPO divides by a constant later).
+    ``n_tokens`` / ``n_seqs`` replace the local counts, so that micro-batches (and data-parallel ranks)
+    each contribute their share of one global mean.
+    """
+    mask = mask.to(values.dtype)
+    if how == "token_mean":
+        denom = mask.sum().clamp_min(1.0) if n_tokens is None else n_tokens
+        return (values * mask).sum() / denom
+    if how == "seq_mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        return per_seq.sum() / (per_seq.numel() if n_seqs is None else n_seqs)
+    if how == "token_sum":
+        return (values * mask).sum()
+    raise ValueError(f"unknown normalization {how!r} (token_mean, seq_mean, token_sum)")
+
+
+# ---------------------------------------------------------------------------------------------- policy loss
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
+    log_ratio: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO clipped surrogate loss and the 0/1 "was clipped" indicator.
+
+    ``ratio`` is clipped to ``[1 - eps_clip, 1 + eps_clip_high]`` (asymmetric: DAPO's clip-higher). With
+    ``eps_clip_c`` (> 1) the dual clip bounds the loss of negative-advantage tokens by ``-c * A``.
+    ``log_ratio`` overrides ``logprobs - old_logprobs`` (GSPO passes its sequence-level one).
+    """
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    if log_ratio is None:
+        log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = (loss_clipped > loss_unclipped).to(logprobs.dtype)
+    if eps_clip_c is not None:
+        if eps_clip_c <= 1.0:
+            raise ValueError(f"eps_clip_c must be > 1, got {eps_clip_c}")
+        bound = -advantages * eps_clip_c
+        dual = torch.minimum(loss, bound)
+        clipped = torch.where((advantages < 0) & (loss > bound), torch.ones_like(clipped), clipped)
+        loss = torch.where(advantages < 0, dual, loss)
+    return loss, clipped
+
+
+def gspo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO sequence-level log importance ratio, broadcast to tokens with the per-token gradient.
+
+    ``s_i = mean_t(log pi - log pi_old)`` over the sequence's masked tokens; returned as
+    ``sg(s_i) + log pi_t - sg(log pi_t)`` so the value is ``s_i`` at every token (GSPO-token form).
+    """
+    mask = mask.to(logprobs.dtype)
+    seq = ((logprobs - old_logprobs) * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+    return seq.detach()[:, None] + logprobs - logprobs.detach()
+
+
+def tis_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, *, clip: float = 2.0, clip_low: float = 0.0
+) -> torch.Tensor:
+    """Truncated importance-sampling weights ``clamp(exp(train_old - rollout), clip_low, clip)`` (no grad).
+
+    Corrects for the rollout engine's sampler differing from the trainer's forward (precision, kernels).
+    """
+    return (old_logprobs - rollout_logprobs).exp().clamp(clip_low, clip).detach()
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, how: Normalization = "token_mean"):
+    """Loss term ``-coef * reduce(entropy)`` (minimising it raises entropy)."""
+    return -coef * reduce_tokens(entropy, mask, how)
+
+
+# ---------------------------------------------------------------------------------------------- the combined loss
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Knobs of :func:`policy_loss` (defaults: GRPO with DAPO-style token-mean, no KL, no entropy)."""
+
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
+    kl_coef: float = 0.0
+    kl_type: KLType = "low_var_kl"
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    gspo: bool = False
+    normalization: Normalization = "token_mean"
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    rollout_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    n_tokens: float | None = None,
+    n_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scalar loss and detached metrics for one batch of ``[B, T]`` response tokens.
+
+    ``advantages`` may be ``[B]`` (one per sequence, broadcast) or ``[B, T]``.
+    Metrics: ``pg_loss``, ``clip_frac``, ``kl`` (if ``ref_logprobs``), ``entropy`` (if given),
+    ``train_rollout_logprob_abs_diff`` and ``tis_mean`` (if ``rollout_logprobs``), ``ratio_mean``.
+    ``n_tokens`` / ``n_seqs``: global denominators (see :func:`reduce_tokens`); metrics stay local means.
+    """
+    counts = {"n_tokens": n_tokens, "n_seqs": n_seqs}
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)
+    log_ratio = gspo_log_ratio(logprobs, old_logprobs, mask) if cfg.gspo else None
+    pg, clipped = ppo_clip_loss(
+        logprobs, old_logprobs, advantages, eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
+        eps_clip_c=cfg.eps_clip_c, log_ratio=log_ratio,
+    )
+    metrics: dict[str, torch.Tensor] = {}
+    if cfg.use_tis:
+        if rollout_logprobs is None:
+            raise ValueError("use_tis needs rollout_logprobs")
+        w = tis_weights(old_logprobs, rollout_logprobs, clip=cfg.tis_clip, clip_low=cfg.tis_clip_low)
+        pg = pg * w
+        metrics["tis_mean"] = reduce_tokens(w, mask).detach()
+    loss = reduce_tokens(pg, mask, cfg.normalization, **counts)
+    metrics["pg_loss"] = loss.detach()
+    metrics["clip_frac"] = reduce_tokens(clipped, mask).detach()
+    ratio = (log_ratio if log_ratio is not None else logprobs - old_logprobs).exp()
+    metrics["ratio_mean"] = reduce_tokens(ratio.detach(), mask)
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_type)
+        metrics["kl"] = reduce_tokens(kl.detach(), mask)
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * reduce_tokens(kl, mask, cfg.normalization, **counts)
+    elif cfg.kl_coef:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if entropy is not None:
+        metrics["entropy"] = reduce_tokens(entropy.detach(), mask)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * reduce_tokens(entropy, mask, cfg.normalization, **counts)
+    elif cfg.entropy_coef:
+        raise ValueError("entropy_coef > 0 needs entropy")
+    if rollout_logprobs is not None:
+        metrics["train_rollout_logprob_abs_diff"] = reduce_tokens((old_logprobs - rollout_logprobs).abs().detach(), mask)
+    return loss, metrics
+
+
+AdvantageFn = Callable[[torch.Tensor, Sequence[object]], torch.Tensor]
