@@ -1,0 +1,328 @@
+"""Process manager for the smg router (PyPI ``smg``): start, register/remove engines, RL fan-out, stop.
+
+The router is the real ``smg launch`` (run as ``python -m smg launch`` with this interpreter, so the
+router that runs is the one installed next to agentrl). Session affinity comes only from the
+``X-SMG-Routing-Key`` request header (see :mod:`agentrl.rollout.client`); with ``--policy manual
+--assignment-mode min_group`` a new key goes to the worker holding the fewest keys and then stays there.
+
+Control calls are rare and synchronous, so they use the standard library (no event loop needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+# smg's RL fan-out requires a label selector; this one matches every registered worker (no worker has
+# that engine name), whatever engine smg detected it as.
+ALL_WORKERS = "engine!=agentrl-none"
+
+# Loopback control calls must never go through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class RouterError(RuntimeError):
+    """The router process failed, or a control call returned an error."""
+
+
+class FanoutError(RouterError):
+    """An RL fan-out call failed on at least one worker; ``.result`` holds smg's full answer."""
+
+    def __init__(self, path: str, result: dict[str, Any]) -> None:
+        self.result = result
+        failed = ", ".join(f"{f.get('url')}: {f.get('message')}" for f in result.get("failed", []))
+        super().__init__(f"fan-out {path!r} failed on {len(result.get('failed', []))} worker(s): {failed}")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker as the router's ``/workers`` API reports it."""
+
+    id: str
+    url: str
+    status: str  # "ready", "pending", "draining", ...
+    is_healthy: bool
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Worker:
+        return cls(
+            id=str(d["id"]),
+            url=str(d["url"]),
+            status=str(d.get("status", "")),
+            is_healthy=bool(d.get("is_healthy", False)),
+            labels=dict(d.get("labels") or {}),
+        )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free right now (a tiny race remains until the server binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _normalise_url(url: str) -> str:
+    return url.rstrip("/")
+
+
+class SmgRouter:
+    """An ``smg launch`` process on ``host:port``, managed through its HTTP control API.
+
+    >>> with SmgRouter(["http://127.0.0.1:30001"]) as router:   # doctest: +SKIP
+    ...     router.add_worker("http://127.0.0.1:30002")
+    ...     router.pause(); router.update_weights_from_disk("/ckpt/3", "3"); router.continue_()
+    """
+
+    def __init__(
+        self,
+        worker_urls: tuple[str, ...] | list[str] = (),
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: str = "manual",
+        assignment_mode: str = "min_group",
+        enable_rl: bool = True,
+        extra_args: tuple[str, ...] | list[str] = (),
+        log_level: str = "warn",
+        shutdown_grace_s: float = 2.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.worker_urls = tuple(_normalise_url(u) for u in worker_urls)
+        self.policy = policy
+        self.assignment_mode = assignment_mode
+        self.enable_rl = enable_rl
+        self.extra_args = tuple(extra_args)
+        self.log_level = log_level
+        self.shutdown_grace_s = shutdown_grace_s
+        self.env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    # -- process ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def command(self) -> list[str]:
+        """The exact ``smg launch`` command line this router runs."""
+        cmd = [sys.executable, "-m", "smg", "launch", "--host", self.host, "--port", str(self.port)]
+        if self.worker_urls:
+            cmd += ["--worker-urls", *self.worker_urls]
+        cmd += ["--policy", self.policy]
+        if self.policy == "manual" and self.assignment_mode:
+            cmd += ["--assignment-mode", self.assignment_mode]
+        # Prometheus gets its own free loopback port: the default 29000 would clash between routers.
+        cmd += ["--log-level", self.log_level, "--prometheus-host", self.host,
+                "--prometheus-port", str(free_port(self.host)),
+                # Without this the default 180 s grace keeps a stopped router alive for minutes.
+                "--shutdown-grace-period-secs", str(max(1, int(self.shutdown_grace_s)))]
+        if self.enable_rl:
+            cmd.append("--enable-rl")
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout: float = 60.0) -> SmgRouter:
+        """Launch the router and wait until it answers ``/health`` and every initial worker is ready."""
+        if self._proc is not None:
+            raise RouterError("router already started")
+        self._log_file = tempfile.NamedTemporaryFile(prefix="smg-router-", suffix=".log", delete=False)  # noqa: SIM115
+        env = {**os.environ, **(self.env or {})}
+        self._proc = subprocess.Popen(
+            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,  # own process group: stop() signals the router and its children
+        )
+        try:
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive:
+                raise RouterError(f"smg exited with code {self._proc.returncode if self._proc else None}:\n"
+                                  f"{self.log_tail()}")
+            with contextlib.suppress(OSError, RouterError):
+                if self._request("GET", "/health", timeout=2.0)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RouterError(f"smg not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        for url in self.worker_urls:
+            self._wait_worker_ready(url, deadline)
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        if self._log_file is None:
+            return ""
+        with open(self._log_file.name, "rb") as f:
+            return f.read()[-n_chars:].decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        """Stop the router: SIGTERM, then SIGINT, then SIGKILL to its process group (idempotent)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            # smg drains on SIGTERM (bounded by --shutdown-grace-period-secs); it also honours SIGINT.
+            for sig, wait_s in ((signal.SIGTERM, self.shutdown_grace_s + 3.0), (signal.SIGINT, 3.0),
+                                (signal.SIGKILL, 5.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self._log_file is not None:
+            self._log_file.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._log_file.name)
+            self._log_file = None
+
+    def __enter__(self) -> SmgRouter:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def workers(self) -> list[Worker]:
+        """Every worker the router knows (ready, pending or draining)."""
+        return [Worker.from_json(w) for w in self._json("GET", "/workers").get("workers", [])]
+
+    def worker_id(self, url: str) -> str | None:
+        url = _normalise_url(url)
+        return next((w.id for w in self.workers() if w.url == url), None)
+
+    def add_worker(self, url: str, timeout: float = 60.0) -> str:
+        """Register an engine and wait until the router routes to it; returns the worker id."""
+        url = _normalise_url(url)
+        answer = self._json("POST", "/workers", {"url": url})
+        worker_id = str(answer.get("worker_id", ""))
+        try:
+            self._wait_worker_ready(url, time.monotonic() + timeout)
+        except RouterError:
+            # Do not leave a pending registration retrying in the background for smg's 30 minutes.
+            with contextlib.suppress(RouterError, OSError):
+                self._json("DELETE", f"/workers/{worker_id}")
+            raise
+        return worker_id
+
+    def remove_worker(self, url: str, timeout: float = 30.0) -> None:
+        """Deregister an engine (its pinned sessions move to the others) and wait until it is gone."""
+        worker_id = self.worker_id(url)
+        if worker_id is None:
+            raise RouterError(f"no worker with url {url!r}; known: {[w.url for w in self.workers()]}")
+        self._json("DELETE", f"/workers/{worker_id}")
+        deadline = time.monotonic() + timeout
+        while self.worker_id(url) is not None:
+            if time.monotonic() > deadline:
+                raise RouterError(f"worker {url} still registered {timeout:.0f} s after DELETE")
+            time.sleep(0.05)
+
+    def _wait_worker_ready(self, url: str, deadline: float) -> None:
+        url = _normalise_url(url)
+        while True:
+            match = [w for w in self.workers() if w.url == url]
+            if match and match[0].status == "ready" and match[0].is_healthy:
+                return
+            if time.monotonic() > deadline:
+                state = f"status {match[0].status!r}" if match else "not registered"
+                raise RouterError(f"worker {url} not ready in time ({state}):\n{self.log_tail(1500)}")
+            time.sleep(0.05)
+
+    # -- RL control plane (fan-out to every worker) ------------------------------------------------
+
+    def fanout(self, path: str, body: dict[str, Any] | None = None, *, selector: str = ALL_WORKERS,
+               allow_partial: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+        """POST ``body`` to ``/<path>`` on every worker matching ``selector`` via ``/v1/rl/engine/<path>``.
+
+        Returns smg's answer ``{"results": {worker_id: {url, status, body, ...}}, "failed": [...], ...}``.
+        Raises :class:`FanoutError` if any worker failed, unless ``allow_partial``.
+        """
+        if not self.enable_rl:
+            raise RouterError("RL fan-out needs the router started with enable_rl=True")
+        query = urllib.parse.urlencode({"selector": selector})
+        # SGLang rejects a bodyless POST on pause/continue, so always send a JSON object.
+        status, payload = self._request("POST", f"/v1/rl/engine/{path.lstrip('/')}?{query}",
+                                        body or {}, timeout=timeout)
+        if status in (200, 207) and isinstance(payload, dict) and "results" in payload:
+            if payload.get("failed") and not allow_partial:
+                raise FanoutError(path, payload)
+            return payload
+        raise RouterError(f"fan-out {path!r}: HTTP {status}: {payload}")
+
+    def pause(self, mode: str | None = None) -> dict[str, Any]:
+        """Pause generation on every engine (SGLang ``mode``: abort | retract | in_place)."""
+        return self.fanout("pause_generation", {"mode": mode} if mode else {})
+
+    def continue_(self) -> dict[str, Any]:
+        """Resume generation on every engine."""
+        return self.fanout("continue_generation", {})
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None, *,
+                                 flush_cache: bool = True) -> dict[str, Any]:
+        """Every engine loads weights from ``model_path`` (a directory all engines can read)."""
+        body: dict[str, Any] = {"model_path": str(model_path), "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        return self.fanout("update_weights_from_disk", body)
+
+    def update_weight_version(self, weight_version: str) -> dict[str, Any]:
+        return self.fanout("update_weight_version", {"new_version": str(weight_version)})
+
+    def flush_cache(self) -> dict[str, Any]:
+        return self.fanout("flush_cache", {})
+
+    # -- transport ---------------------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        status, payload = self._request(method, path, body)
+        if status >= 400:
+            raise RouterError(f"{method} {path}: HTTP {status}: {payload}")
+        return payload if isinstance(payload, dict) else {}
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if data is not None else {}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with _OPENER.open(req, timeout=timeout) as resp:
+                return resp.status, _decode(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, _decode(exc.read())
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
