@@ -60,7 +60,7 @@ class ChatRenderer:
         pieces = self._slot.split(template_text)  # [template, slot, template, slot, ..., template]
         filled = "".join(slots[int(p)] if i % 2 else p for i, p in enumerate(pieces))
         if filled != real_text:  # the template rewrites message text: placeholders would lie
-            return self._render_escaped(real_text, messages)
+            return self._render_escaped(messages, tools, add_generation_prompt)
         return self._tokenize_segments(pieces, slots, owner, messages, real_text)
 
     def _with_placeholders(self, messages: list[Message]) -> tuple[list[Message], list[str], list[int]]:
@@ -116,39 +116,40 @@ class ChatRenderer:
                 closing = is_assistant
         return RenderedChat(ids=ids, text=text, assistant_mask=mask)
 
-    def _render_escaped(self, text: str, messages: list[Message]) -> RenderedChat:
-        """Fallback: tokenize the real render whole, control-token texts inside messages escaped."""
+    def _render_escaped(self, messages: list[Message], tools: list[dict] | None,
+                        add_generation_prompt: bool) -> RenderedChat:
+        """Fallback: every control-token text inside a message is swapped for a marker before rendering;
+        the render is tokenized whole and each marker becomes that text, tokenized as plain text."""
         if not self.control_texts:
+            text = self._apply_template(messages, tools, add_generation_prompt)
             ids = self._encode_batch([text], split_special=False)[0]
             return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
         pattern = re.compile("|".join(re.escape(t) for t in self.control_texts))
-        # Without placeholders, a control-token text is message text when it lies inside a message's text
-        # as found in the render; everything else is the template's own.
-        ids: list[int] = []
-        pos = 0
-        for match in pattern.finditer(text):
-            ids += self._encode_batch([text[pos:match.start()]], split_special=False)[0]
-            token = match.group(0)
-            if self._is_inside_message(text, match.start(), messages):
-                ids += self._encode_batch([token], split_special=True)[0]
-            else:
-                ids += self._encode_batch([token], split_special=False)[0]
-            pos = match.end()
-        ids += self._encode_batch([text[pos:]], split_special=False)[0]
-        return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+        index = {t: i for i, t in enumerate(self.control_texts)}
 
-    @staticmethod
-    def _is_inside_message(text: str, position: int, messages: list[Message]) -> bool:
-        for message in messages:
-            content = message.get("content")
-            if not isinstance(content, str) or not content:
-                continue
-            start = text.find(content)
-            while start != -1:
-                if start <= position < start + len(content):
-                    return True
-                start = text.find(content, start + 1)
-        return False
+        def escape(text: str) -> str:
+            return pattern.sub(lambda m: f"\ue000{self._nonce}:{index[m.group(0)]}\ue001", text)
+
+        escaped = copy.deepcopy(messages)
+        for message in escaped:
+            if isinstance(message.get("content"), str):
+                message["content"] = escape(message["content"])
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function", call)
+                fn["name"] = escape(fn["name"])
+                args = fn.get("arguments", {})
+                fn["arguments"] = escape(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+        pieces = self._slot.split(self._apply_template(escaped, tools, add_generation_prompt))
+        literal = [self.control_texts[int(p)] for p in pieces[1::2]]
+        plain = self._encode_batch(pieces[0::2], split_special=False)
+        protected = self._encode_batch(literal, split_special=True)
+        ids: list[int] = []
+        for k, part in enumerate(plain):
+            ids += part
+            if k < len(protected):
+                ids += protected[k]
+        text = "".join(literal[i // 2] if i % 2 else p for i, p in enumerate(pieces))
+        return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
 
     def _encode_batch(self, texts: list[str], *, split_special: bool) -> list[list[int]]:
         if not texts:
