@@ -1,0 +1,160 @@
+"""A sandbox in a Docker container, with the isolation flags measured in DESIGN.md §4.
+
+Layout of one sandbox: a container whose main process is ``sleep infinity`` under ``--init`` as uid
+65534, a tmpfs-backed size-limited named volume at /work (``put_archive``-proof and wiped on reset), a
+size-limited tmpfs /tmp, read-only root, no network, no capabilities, no-new-privileges, memory (no
+swap) / CPU / pids limits. Commands run as uid 1000 through the executor (one ``docker exec`` per
+sandbox, not per command), so a command that kills every process it can reach cannot kill the
+container's keep-alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+from agentrl.sandbox.base import SandboxError
+from agentrl.sandbox.docker_client import docker_client
+from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
+from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, DockerAttachTransport, ExecutorClient
+from agentrl.sandbox.executor_sandbox import AGENT_UID, BASE_ENV, ExecutorSandbox
+from agentrl.sandbox.labels import sandbox_labels
+from agentrl.sandbox.limits import SandboxLimits
+from agentrl.sandbox.registry import track, untrack
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_USER = "65534:65534"
+AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
+
+
+class DockerSandbox(ExecutorSandbox):
+    """One container. ``with DockerSandbox() as sb: sb.exec("ls", timeout=5)``.
+
+    ``image`` must exist locally (it is never pulled). ``read_only_mounts`` maps container paths to
+    host paths bind-mounted read-only (the grader uses it for hidden tests). ``labels`` are added to
+    the agentrl labels that ``agentrl sandbox gc`` uses.
+    """
+
+    def __init__(self, image: str = DEFAULT_IMAGE, *, limits: SandboxLimits | None = None,
+                 labels: Mapping[str, str] | None = None, role: str = "sandbox",
+                 read_only_mounts: Mapping[str, str] | None = None, client=None):
+        super().__init__(limits)
+        self.image = image
+        self.name = f"agentrl-sb-{uuid.uuid4().hex[:12]}"
+        self.volume_name = f"{self.name}-work"
+        self.container_id: str | None = None
+        self.start_s: float | None = None  # how long start() took (container + executor)
+        self._labels = sandbox_labels(role, dict(labels or {}))
+        self._ro_mounts = dict(read_only_mounts or {})
+        self._docker = client
+        self._exec_socket = None
+
+    @property
+    def docker(self):
+        if self._docker is None:
+            self._docker = docker_client()
+        return self._docker
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self.container_id is not None:
+                return
+            if self._closed:
+                raise SandboxError("sandbox is closed")
+            import docker
+            from docker.types import Mount
+
+            t0 = time.monotonic()
+            api = self.docker.api
+            try:
+                api.inspect_image(self.image)
+            except docker.errors.ImageNotFound as exc:
+                raise SandboxError(f"image {self.image!r} is not on this engine (images are never pulled); "
+                                   "run `agentrl sandbox setup` or pass an image you built") from exc
+            lim = self.limits
+            track(self)
+            try:
+                api.create_volume(self.volume_name, driver="local", labels=self._labels, driver_opts={
+                    "type": "tmpfs", "device": "tmpfs",
+                    "o": f"nosuid,nodev,size={lim.work_bytes},uid={AGENT_UID},gid={AGENT_UID},mode=0755"})
+                mounts = [Mount("/work", self.volume_name, type="volume")]
+                mounts += [Mount(target, source, type="bind", read_only=True)
+                           for target, source in self._ro_mounts.items()]
+                host_config = api.create_host_config(
+                    init=True, network_mode="none", read_only=True, cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], mem_limit=lim.memory_bytes,
+                    memswap_limit=lim.memory_bytes, nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids,
+                    tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_bytes},mode=1777"}, mounts=mounts)
+                created = api.create_container(
+                    self.image, command=["sleep", "infinity"], user=KEEPALIVE_USER, working_dir="/work",
+                    labels=self._labels, host_config=host_config, name=self.name, network_disabled=True,
+                    environment=BASE_ENV)
+                self.container_id = created["Id"]
+                api.start(self.container_id)
+                self._executor = self._launch_executor()
+                self._executor.call({"op": "ping"}, 30.0)
+            except Exception as exc:
+                self._closed = True
+                self._remove()
+                if isinstance(exc, SandboxError):
+                    raise
+                raise SandboxError(f"could not start a sandbox from {self.image!r}: {exc}") from exc
+            self.start_s = time.monotonic() - t0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed and self.container_id is None:
+                return
+            self._closed = True
+            self._drop_executor()
+            self._remove()
+
+    def _remove(self) -> None:
+        api = self.docker.api
+        if self.container_id is not None:
+            try:
+                api.remove_container(self.container_id, force=True)
+            except Exception as exc:  # already gone, or the engine died: gc will find it by label
+                log.debug("remove container %s: %s", self.name, exc)
+            self.container_id = None
+        try:
+            api.remove_volume(self.volume_name, force=True)
+        except Exception as exc:
+            log.debug("remove volume %s: %s", self.volume_name, exc)
+        untrack(self)
+
+    # ---- executor hooks -----------------------------------------------------------------------
+    def _launch_executor(self) -> ExecutorClient:
+        api = self.docker.api
+        created = api.exec_create(self.container_id, [self.python, "-c", EXECUTOR_SOURCE], stdin=True,
+                                  stdout=True, stderr=True, user=AGENT_USER, workdir="/work",
+                                  environment=BASE_ENV)
+        sock_io = api.exec_start(created["Id"], socket=True)
+        self._exec_socket = sock_io  # keep the SocketIO alive: it owns the hijacked connection
+        return ExecutorClient(DockerAttachTransport(getattr(sock_io, "_sock", sock_io)))
+
+    def _force_kill_processes(self) -> None:
+        self._docker_exec_as_agent(["sh", "-c", "kill -9 -1"])
+
+    def _docker_exec_as_agent(self, argv: Sequence[str]) -> None:
+        try:
+            api = self.docker.api
+            created = api.exec_create(self.container_id, list(argv), user=AGENT_USER)
+            api.exec_start(created["Id"])
+        except Exception as exc:
+            log.warning("docker exec %s in %s failed: %s", argv, self.name, exc)
+
+    def _runtime_alive(self) -> bool:
+        if self.container_id is None:
+            return False
+        try:
+            return bool(self.docker.api.inspect_container(self.container_id)["State"]["Running"])
+        except Exception:
+            return False
+
+    def __repr__(self) -> str:
+        return f"DockerSandbox({self.name}, image={self.image!r})"

@@ -1,0 +1,141 @@
+"""The part of a sandbox that is the same for every backend: commands, files and reset all go through
+the in-sandbox executor (:mod:`agentrl.sandbox.executor`); a backend only says how to launch it,
+how to hard-kill everything when it hangs, and whether its container/namespace still exists."""
+
+from __future__ import annotations
+
+import abc
+import base64
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+from agentrl.sandbox.base import Sandbox, SandboxError, work_path
+from agentrl.sandbox.executor_client import ExecutorClient, ExecutorGone, ExecutorStuck, executor_lost_result
+from agentrl.sandbox.result import ExecResult
+
+log = logging.getLogger(__name__)
+
+AGENT_UID = 1000
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/work",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+DEFAULT_READ_LIMIT = 16 * 1024 * 1024
+_FILE_OP_TIMEOUT = 60.0
+
+
+class ExecutorSandbox(Sandbox):
+    """Shared implementation; subclasses implement ``start``/``close`` plus the three hooks below."""
+
+    def __init__(self, limits=None):
+        super().__init__(limits)
+        self._executor: ExecutorClient | None = None
+        self._lock = threading.RLock()  # one operation at a time per sandbox
+        self._closed = False
+        self._gone_reason: str | None = None
+
+    # ---- backend hooks ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _launch_executor(self) -> ExecutorClient:
+        """Start a fresh executor inside the sandbox (as the agent uid) and return a client for it."""
+
+    @abc.abstractmethod
+    def _force_kill_processes(self) -> None:
+        """Kill every agent process, the executor included, without its help."""
+
+    @abc.abstractmethod
+    def _runtime_alive(self) -> bool:
+        """Whether the container / namespace that holds the work dir still exists."""
+
+    # ---- executor plumbing ------------------------------------------------------------------
+    def _client(self) -> ExecutorClient:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if self._executor is None or self._executor.broken:
+            if self._executor is not None:
+                self._executor.close()
+                self._executor = None
+            if not self._runtime_alive():
+                self._gone_reason = "sandbox container is no longer running"
+                raise SandboxError(self._gone_reason)
+            self._executor = self._launch_executor()
+            self._executor.call({"op": "ping"}, 30.0)
+        return self._executor
+
+    def _drop_executor(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._gone_reason is None and self._runtime_alive()
+
+    def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None,
+              env: Mapping[str, str] | None) -> ExecResult:
+        started = time.monotonic()
+        with self._lock:
+            try:
+                client = self._client()
+            except SandboxError as exc:
+                return ExecResult(exit_code=-1, stdout="", stderr=f"sandbox: {exc}\n", timed_out=False,
+                                  oom_killed=False, duration_s=time.monotonic() - started, truncated=False)
+            try:
+                return client.run(argv, timeout=timeout, stdin=stdin, env={**BASE_ENV, **(env or {})},
+                                  cwd=self.workdir, limit=self.limits.output_limit)
+            except ExecutorGone:
+                # The command killed every process of the agent uid, the executor included; the
+                # container survives (its keep-alive runs as another uid) and the next call relaunches.
+                self._drop_executor()
+                return executor_lost_result(argv, started, timed_out=False,
+                                            why="the command killed the sandbox executor")
+            except ExecutorStuck:
+                self._force_kill_processes()
+                self._drop_executor()
+                return executor_lost_result(argv, started, timed_out=True,
+                                            why="no answer within timeout + grace; every process was killed")
+
+    def _call(self, request: dict, timeout: float = _FILE_OP_TIMEOUT) -> dict:
+        with self._lock:
+            self.start()
+            try:
+                return self._client().call(request, timeout)
+            except (ExecutorGone, ExecutorStuck) as exc:
+                self._drop_executor()
+                raise SandboxError(f"sandbox executor failed during {request['op']}: {exc}") from exc
+
+    def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> None:
+        entries = []
+        for path, content in files.items():
+            rel = work_path(self.workdir, path)
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            entries.append([f"{self.workdir}/{rel}", base64.b64encode(data).decode(), mode])
+        if entries:
+            try:
+                self._call({"op": "write", "files": entries})
+            except RuntimeError as exc:
+                raise SandboxError(f"write_files failed: {exc}") from exc
+
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        rel = work_path(self.workdir, path)
+        limit = DEFAULT_READ_LIMIT if max_bytes is None else int(max_bytes)
+        if limit < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        msg = self._call({"op": "read", "path": f"{self.workdir}/{rel}", "max_bytes": limit})
+        if msg.get("missing"):
+            raise FileNotFoundError(f"{path} does not exist in the sandbox")
+        if msg.get("isdir"):
+            raise IsADirectoryError(f"{path} is a directory")
+        if msg.get("denied"):
+            raise PermissionError(f"{path} is not readable by the sandbox user")
+        return base64.b64decode(msg["data"])
+
+    def reset(self) -> None:
+        """Kill every agent process and empty the work dir and /tmp (the container is kept)."""
+        self._call({"op": "reset", "paths": [self.workdir, "/tmp"]})
+        self.exec_count = 0
