@@ -1,0 +1,49 @@
+"""``python -m agentrl.engine --model DIR --port N``: serve a local HF causal LM with SGLang's native API."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agentrl.engine", description=__doc__)
+    p.add_argument("--model", "--model-path", dest="model", required=True, help="local HF model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=64)
+    p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="token budget of the prefix KV cache")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--enable-memory-saver", action="store_true", help="CUDA only: use torch_memory_saver")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import uvicorn
+
+    from agentrl.engine.engine import Engine, EngineConfig
+    from agentrl.engine.server import create_app
+
+    config = EngineConfig(
+        model_path=os.path.abspath(args.model),  # smg must see a local path, not a hub id
+        dtype=args.dtype,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+        weight_version=args.weight_version,
+        host=args.host,
+        port=args.port,
+        enable_memory_saver=args.enable_memory_saver,
+    )
+    engine = Engine(config)
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The engine's state behind the HTTP layer: model runner, scheduler, prefix cache, weight version.
+
+Every weight change goes through :meth:`Engine.apply_weights`: tensors are fully received and checked
+(names, shapes) first, then copied in by the worker thread between two forward passes, so a failed
+update leaves the old weights and version, and no forward pass ever sees half-updated weights.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentrl.engine.metrics import EngineMetrics
+from agentrl.engine.prefix_cache import PrefixCache
+from agentrl.engine.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.engine.model_runner import ModelRunner
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    dtype: str = "float32"
+    device: str | None = None
+    max_batch_size: int = 64
+    prefix_cache_tokens: int = 65536
+    weight_version: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    enable_memory_saver: bool = False
+
+
+class WeightUpdateError(ValueError):
+    """A weight update was refused; the engine keeps its old weights and version."""
+
+
+class Engine:
+    """Owns everything stateful; the FastAPI app (``server.py``) is a thin layer over it."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        from agentrl.engine.model_runner import ModelRunner
+
+        self.config = config
+        self.model_path = config.model_path
+        self.runner = runner or ModelRunner(config.model_path, dtype=config.dtype, device=config.device)
+        self.weight_version = config.weight_version
+        self.metrics = EngineMetrics()
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self.scheduler = Scheduler(
+            self.runner,
+            self.prefix_cache,
+            self.metrics,
+            max_batch_size=config.max_batch_size,
+            weight_version=lambda: self.weight_version,
+        )
+        self.memory_released: set[str] = set()
+        self._offloaded: dict[str, Any] | None = None
+        self.weight_groups: dict[str, Any] = {}
+        self._update_lock = threading.Lock()  # one weight update at a time
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown()
+
+    # ---- weights ------------------------------------------------------------------------------
+    def check_weights(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> None:
+        """Raise :class:`WeightUpdateError` unless ``tensors`` fit the model (names, shapes)."""
+        if self.memory_released & {"weights", "all"}:
+            raise WeightUpdateError("weights are released (release_memory_occupation); resume them first")
+        known = self.runner.named_tensors()
+        unknown = sorted(set(tensors) - set(known))
+        if unknown:
+            raise WeightUpdateError(f"unknown parameter name(s): {', '.join(unknown[:8])}")
+        for name, t in tensors.items():
+            if tuple(t.shape) != tuple(known[name].shape):
+                raise WeightUpdateError(
+                    f"shape mismatch for {name}: got {tuple(t.shape)}, model has {tuple(known[name].shape)}"
+                )
+            if t.is_floating_point() != known[name].is_floating_point():
+                raise WeightUpdateError(f"dtype mismatch for {name}: got {t.dtype}, model has {known[name].dtype}")
+        if require_all:
+            missing = [n for n, _ in self.runner.named_parameters() if n not in tensors]
+            if missing:
+                raise WeightUpdateError(f"checkpoint lacks parameter(s): {', '.join(missing[:8])}")
+
+    def apply_weights(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        require_all: bool = False,
+        method: str,
+        model_path: str | None = None,
+    ) -> None:
+        """Check, then copy ``tensors`` into the model between two steps; set the version. Blocking."""
+        self.check_weights(tensors, require_all=require_all)
+
+        def op() -> None:
+            import torch
+
+            known = self.runner.named_tensors()
+            with torch.no_grad():
+                for name, t in tensors.items():
+                    known[name].copy_(t.to(device=known[name].device, dtype=known[name].dtype))
+            if weight_version is not None:
+                self.weight_version = str(weight_version)
+            if model_path is not None:
+                self.model_path = model_path
+            if flush_cache:
+                self.prefix_cache.clear()
+            self.metrics.weight_updates.labels(method=method).inc()
+
+        with self._update_lock:
+            self.scheduler.call(op).result()
+
+    def apply_delta(self, payload: bytes, *, weight_version: str | None) -> str:
+        """Apply an ``agentrl.engine.delta`` payload in the worker thread; return the new version."""
+        from agentrl.engine import delta
+
+        if self.memory_released & {"weights", "all"}:
+            raise WeightUpdateError("weights are released (release_memory_occupation); resume them first")
+
+        def op() -> str:
+            header = delta.apply_delta(self.runner.named_tensors(), payload, base_version=self.weight_version)
+            self.weight_version = str(weight_version if weight_version is not None else header.new_version)
+            self.prefix_cache.clear()
+            self.metrics.weight_updates.labels(method="delta").inc()
+            return self.weight_version
+
+        with self._update_lock:
+            return self.scheduler.call(op).result()
+
+    def set_weight_version(self, version: str) -> None:
+        def op() -> None:
+            self.weight_version = str(version)
+
+        self.scheduler.call(op).result()
+
+    def flush_cache(self) -> None:
+        self.scheduler.call(self.prefix_cache.clear).result()
+
+    def checksum(self) -> dict[str, Any]:
+        from agentrl.engine.weight_loading import weights_checksum
+
+        def op() -> dict[str, Any]:
+            result = weights_checksum(self.runner.named_parameters())
+            result["weight_version"] = self.weight_version
+            return result
+
+        return self.scheduler.call(op).result()
+
+    # ---- memory occupation --------------------------------------------------------------------
+    def release_memory(self, tags: list[str] | None) -> None:
+        from agentrl.engine.memory import release
+
+        def op() -> None:
+            release(self, set(tags or ["weights", "kv_cache"]))
+
+        self.scheduler.call(op).result()
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        from agentrl.engine.memory import resume
+
+        def op() -> None:
+            resume(self, set(tags or ["weights", "kv_cache"]))
+
+        self.scheduler.call(op).result()

@@ -1,0 +1,147 @@
+"""Start and stop ``python -m agentrl.engine`` as a child process (own process group, log to a file)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free right now (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EngineStartError(RuntimeError):
+    """The engine process exited or did not become healthy in time (the message holds its log tail)."""
+
+
+class EngineProcess:
+    """One embedded engine server process.
+
+    >>> with EngineProcess(model_dir) as eng:   # starts and waits for /health
+    ...     requests.post(eng.url + "/generate", json=...)
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        dtype: str = "float32",
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.model_dir = str(model_dir)
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.dtype = dtype
+        self.extra_args = list(extra_args)
+        self.env = dict(env) if env is not None else None
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix=f"agentrl-engine-{self.port}-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "agentrl.engine", "--model", self.model_dir, "--host", self.host,
+            "--port", str(self.port), "--dtype", self.dtype, *self.extra_args,
+        ]
+
+    def start(self) -> EngineProcess:
+        if self.alive:
+            return self
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,  # own process group: stop() reaches every child
+            )
+        return self
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout: float = 60) -> EngineProcess:
+        """Block until ``GET /health`` answers 200; raise :class:`EngineStartError` on exit or timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                code = None if self.proc is None else self.proc.returncode
+                raise EngineStartError(f"engine exited with code {code} before becoming healthy:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise EngineStartError(f"engine at {self.url} not healthy after {timeout} s:\n{self.log_tail()}")
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout`` s."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait(timeout=timeout)
+        self._signal_group(signal.SIGKILL)  # stragglers in the group, if any
+
+    def kill(self) -> None:
+        """SIGKILL at once (simulates a crashed engine in failure tests)."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

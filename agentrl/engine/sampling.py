@@ -1,0 +1,79 @@
+"""Next-token choice for a batch of rows, each with its own sampling parameters.
+
+The returned log-prob is always ``log_softmax`` of the *raw* logits (temperature 1, no top-p/top-k),
+which is what the trainer recomputes; temperature and filters only change which token is drawn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.engine.protocol import SamplingParams
+
+
+def sample_next(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> tuple[list[int], list[float]]:
+    """Pick one token per row of ``logits`` [B, V]; return (token ids, raw log-probs of those ids)."""
+    import torch
+
+    logits = logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    batch = logits.shape[0]
+    tokens = torch.empty(batch, dtype=torch.long, device=logits.device)
+
+    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+    if greedy_rows:
+        idx = torch.tensor(greedy_rows, device=logits.device)
+        tokens[idx] = logits[idx].argmax(dim=-1)
+
+    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled_rows:
+        idx = torch.tensor(sampled_rows, device=logits.device)
+        probs = _filtered_probs(logits[idx], [params[i] for i in sampled_rows])
+        seeded = [j for j, i in enumerate(sampled_rows) if generators[i] is not None]
+        unseeded = [j for j, i in enumerate(sampled_rows) if generators[i] is None]
+        if unseeded:
+            u = torch.tensor(unseeded, device=logits.device)
+            tokens[idx[u]] = torch.multinomial(probs[u], 1).squeeze(-1)
+        for j in seeded:  # one draw per seeded row keeps each request's stream reproducible
+            gen = generators[sampled_rows[j]]
+            tokens[sampled_rows[j]] = torch.multinomial(probs[j : j + 1], 1, generator=gen).squeeze()
+
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens.tolist(), chosen.tolist()
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Softmax of ``logits / temperature`` after top-k, top-p and min-p filtering (per row)."""
+    import torch
+
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    scaled = logits / temps
+    vocab = scaled.shape[-1]
+    top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
+    if any(k < vocab for k in top_ks):
+        ks = torch.tensor(top_ks, device=device).clamp(max=vocab)
+        sorted_vals = scaled.sort(dim=-1, descending=True).values
+        kth = sorted_vals.gather(1, (ks - 1).unsqueeze(1))
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    top_ps = torch.tensor([p.top_p for p in params], device=device)
+    if bool((top_ps < 1.0).any()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the first token is always kept)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = before >= top_ps.unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    min_ps = torch.tensor([p.min_p for p in params], device=device)
+    if bool((min_ps > 0).any()):
+        threshold = probs.max(dim=-1, keepdim=True).values * min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)

@@ -1,0 +1,295 @@
+"""Continuous batching in one worker thread: admit waiting sequences, then one decode step for all.
+
+The asyncio side never touches the model: it submits :class:`Sequence` objects and control operations
+(weight updates, cache flushes) and is notified through ``loop.call_soon_threadsafe``. Control operations
+run in the worker between steps, which makes every weight update atomic with respect to forward passes.
+
+Pause modes mirror SGLang: ``abort`` finishes every in-flight request with ``finish_reason.type ==
+"abort"``; ``in_place`` freezes running requests with their KV; ``retract`` moves them back to the queue
+and drops their KV, so on ``continue`` they are re-prefilled (with the weights current then). New
+requests wait while paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentrl.engine.model_runner import BatchKV
+from agentrl.engine.protocol import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.engine.metrics import EngineMetrics
+    from agentrl.engine.model_runner import ModelRunner
+    from agentrl.engine.prefix_cache import PrefixCache
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    """One request (one prompt, one sample) as it moves through the scheduler."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None  # set last, when the result is complete
+    stop_reason: dict[str, Any] | None = None  # decided by the worker; becomes finish_reason on removal
+    weight_version: str = "default"
+    abort_requested: bool = False
+    abort_message: str = "Abort in waiting queue"
+    generator: torch.Generator | None = None
+    # set by the server: called in the event loop after each emitted update
+    notify: Callable[[], None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    text_cache: str = ""
+    created: float = field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class Scheduler:
+    """Owns the running batch and the worker thread."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        prefix_cache: PrefixCache,
+        metrics: EngineMetrics,
+        *,
+        max_batch_size: int = 64,
+        weight_version: Callable[[], str],
+    ) -> None:
+        self.runner = runner
+        self.prefix_cache = prefix_cache
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self._weight_version = weight_version
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.batch = BatchKV([], [], [])
+        self.paused = False
+        self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="agentrl-engine-worker", daemon=True)
+        self.last_step_time = 0.0
+        self.generated_tokens = 0
+
+    # ---- called from the event loop / other threads -------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    def submit(self, seq: Sequence) -> None:
+        with self._cond:
+            self.waiting.append(seq)
+            self._cond.notify_all()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` in the worker thread between two steps (also while paused)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._controls.append((fn, fut))
+            self._cond.notify_all()
+        return fut
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str = "Abort by request") -> int:
+        """Flag matching sequences; the worker finishes them with ``finish_reason.type == "abort"``."""
+        n = 0
+        with self._cond:
+            for seq in itertools.chain(self.waiting, self.running):
+                if abort_all or seq.rid == rid or (rid and seq.rid.startswith(f"{rid}-")):
+                    seq.abort_requested, seq.abort_message = True, message
+                    n += 1
+            self._cond.notify_all()
+        return n
+
+    def pause(self, mode: str) -> None:
+        def op() -> None:
+            self.paused = True
+            if mode == "abort":
+                for seq in [*self.waiting, *self.running]:
+                    seq.abort_requested, seq.abort_message = True, "Abort by pause_generation"
+                self._reap_aborts()
+            elif mode == "retract":
+                for seq in reversed(self.running):
+                    self.waiting.appendleft(seq)
+                self.running, self.batch = [], BatchKV([], [], [])
+
+        self.call(op).result()
+
+    def resume(self) -> None:
+        def op() -> None:
+            self.paused = False
+
+        self.call(op).result()
+
+    def load(self) -> dict[str, int]:
+        return {
+            "num_reqs": len(self.running) + len(self.waiting),
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "num_tokens": sum(self.batch.lengths),
+        }
+
+    # ---- worker thread -----------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return bool(self._controls) or (not self.paused and bool(self.waiting or self.running)) or any(
+            s.abort_requested for s in itertools.chain(self.waiting, self.running)
+        )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._has_work():
+                    self._cond.wait()
+                if self._stop:
+                    break
+                controls = list(self._controls)
+                self._controls.clear()
+            for fn, fut in controls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                        fut.set_exception(exc)
+            try:
+                self._reap_aborts()
+                if not self.paused:
+                    self._admit()
+                    if self.running:
+                        self._decode_step()
+            except Exception as exc:  # a bug must fail the requests, not hang them
+                for seq in [*self.running, *self.waiting]:
+                    self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
+                self.running, self.waiting, self.batch = [], deque(), BatchKV([], [], [])
+                raise
+
+    def _reap_aborts(self) -> None:
+        with self._cond:
+            aborted_waiting = [s for s in self.waiting if s.abort_requested]
+            if aborted_waiting:
+                self.waiting = deque(s for s in self.waiting if not s.abort_requested)
+        for seq in aborted_waiting:
+            self._finish(seq, {"type": "abort", "message": seq.abort_message})
+        if any(s.abort_requested for s in self.running):
+            self._drop_rows([i for i, s in enumerate(self.running) if s.abort_requested], abort=True)
+
+    def _admit(self) -> None:
+        while len(self.running) < self.max_batch_size:
+            with self._cond:
+                if not self.waiting:
+                    return
+                seq = self.waiting.popleft()
+            tokens = seq.all_tokens()
+            cached_len, past = self.prefix_cache.lookup(tokens, len(tokens) - 1)
+            if not seq.output_ids:
+                seq.cached_tokens = cached_len
+                self.metrics.observe_prompt(len(tokens), cached_len)
+            logits, kv = self.runner.prefill(tokens, past)
+            seq.weight_version = self._weight_version()
+            token, logprob = self._sample(logits.unsqueeze(0), [seq])
+            self.running.append(seq)
+            self.batch = self.batch.append_row(kv)
+            self._append_token(seq, token[0], logprob[0])
+        self._finish_done()
+
+    def _decode_step(self) -> None:
+        t0 = time.perf_counter()
+        tokens = [seq.output_ids[-1] for seq in self.running]
+        logits, self.batch = self.runner.decode(self.batch, tokens)
+        new_tokens, logprobs = self._sample(logits, self.running)
+        for seq, tok, lp in zip(self.running, new_tokens, logprobs, strict=False):
+            self._append_token(seq, tok, lp)
+        self.metrics.observe_batch(len(self.running))
+        self._finish_done()
+        self.last_step_time = time.perf_counter() - t0
+
+    def _sample(self, logits, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
+        from agentrl.engine.sampling import sample_next
+
+        return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
+
+    def _append_token(self, seq: Sequence, token: int, logprob: float) -> None:
+        seq.output_ids.append(token)
+        seq.output_logprobs.append(logprob)
+        self.generated_tokens += 1
+        self.metrics.generated_tokens.inc()
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            seq.stop_reason = reason
+        elif seq.stream:
+            _notify(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> dict[str, Any] | None:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.runner.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            text = self.runner.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
+            # only the tail can hold a stop string that was not there one token ago
+            tail_from = max(0, len(seq.text_cache) - max(len(s) for s in p.stop))
+            seq.text_cache = text
+            for s in p.stop:
+                if s in text[tail_from:]:
+                    return {"type": "stop", "matched": s}
+        if len(seq.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if len(seq.prompt_ids) + len(seq.output_ids) >= self.runner.context_length:
+            return {"type": "length", "length": len(seq.output_ids)}
+        return None
+
+    def _finish_done(self) -> None:
+        done = [i for i, s in enumerate(self.running) if s.stop_reason is not None]
+        if done:
+            self._drop_rows(done, abort=False)
+
+    def _drop_rows(self, rows: list[int], *, abort: bool) -> None:
+        for i in rows:
+            seq = self.running[i]
+            # the KV covers every token but the last output one (sampled, never fed back)
+            kv_tokens = seq.all_tokens()[: self.batch.lengths[i]]
+            self.prefix_cache.insert(kv_tokens, self.batch.row(i))
+            reason = {"type": "abort", "message": seq.abort_message} if abort else seq.stop_reason
+            self._finish(seq, reason)
+        keep = [i for i in range(len(self.running)) if i not in set(rows)]
+        self.running = [self.running[i] for i in keep]
+        self.batch = self.batch.select(keep)
+
+    def _finish(self, seq: Sequence, reason: dict[str, Any] | None) -> None:
+        seq.weight_version = self._weight_version()
+        seq.finish_reason = reason
+        self.metrics.finished_requests.labels(reason=(reason or {}).get("type", "unknown")).inc()
+        _notify(seq)
+
+
+def _notify(seq: Sequence) -> None:
+    if seq.loop is not None and seq.notify is not None:
+        with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
+            seq.loop.call_soon_threadsafe(seq.notify)

@@ -1,0 +1,146 @@
+"""Weight payloads for ``/update_weights_from_tensor``, checkpoint reading and the weights checksum.
+
+``/update_weights_from_tensor`` body (SGLang's shape)::
+
+    {"serialized_named_tensors": [S], "load_format": F, "flush_cache": true, "weight_version": "v3"}
+
+``S`` is one string per tensor-parallel rank (the embedded engine has one rank, so one string):
+
+* ``load_format: "safetensors"`` (agentrl's default, works between any two processes on any host):
+  ``S = base64(safetensors.torch.save(named_tensors))``. Costs one copy through the HTTP body.
+* ``load_format: null`` (SGLang's default): ``S = base64(ForkingPickler(list[(name, tensor)]))`` as
+  SGLang's ``MultiprocessingSerializer`` writes it: torch's multiprocessing reductions put CUDA tensors
+  in CUDA IPC handles and CPU tensors in shared memory. For CPU tensors the sender must use the
+  ``file_system`` sharing strategy (the default ``file_descriptor`` one passes fds that only live over a
+  Unix socket); :func:`serialize_named_tensors` sets it. The sender must keep the tensors alive until the
+  request returns. Both sides must trust each other: this is pickle (as in SGLang).
+
+Use :func:`serialize_named_tensors` / :func:`update_weights_from_tensor_body` on the trainer side.
+
+Checksum (``GET /weights_checksum`` and :func:`weights_checksum`): xxh3_64 of each parameter's raw
+bytes (contiguous, native little-endian, its own dtype) in HF ``named_parameters`` order; the total is
+xxh3_64 over ``name \\0 dtype \\0 shape \\0 per-tensor digest`` of every parameter in that order.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+FORMATS = ("safetensors", None)
+
+
+def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], fmt: str | None = "safetensors") -> str:
+    """Serialise ``(name, tensor)`` pairs as one ``serialized_named_tensors`` entry (see module doc)."""
+    items = [(name, t) for name, t in named_tensors]
+    if fmt == "safetensors":
+        from safetensors.torch import save
+
+        data = save({name: t.detach().contiguous().cpu() for name, t in items})
+        return base64.b64encode(data).decode("ascii")
+    if fmt is None:
+        import torch.multiprocessing as mp
+        from torch.multiprocessing.reductions import ForkingPickler
+
+        mp.set_sharing_strategy("file_system")
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump([(name, t.detach()) for name, t in items])
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    raise ValueError(f"unknown load_format {fmt!r}; use one of {FORMATS}")
+
+
+def update_weights_from_tensor_body(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    weight_version: str | None = None,
+    fmt: str | None = "safetensors",
+    flush_cache: bool = True,
+) -> dict[str, Any]:
+    """The JSON body of one ``/update_weights_from_tensor`` call."""
+    return {
+        "serialized_named_tensors": [serialize_named_tensors(named_tensors, fmt)],
+        "load_format": fmt,
+        "flush_cache": flush_cache,
+        "weight_version": weight_version,
+    }
+
+
+def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`serialize_named_tensors`; raises ``ValueError`` on a malformed payload."""
+    try:
+        raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else bytes(payload)
+    except ValueError as exc:
+        raise ValueError(f"serialized_named_tensors is not valid base64: {exc}") from None
+    if fmt == "safetensors":
+        from safetensors.torch import load
+
+        try:
+            return dict(load(raw))
+        except Exception as exc:  # safetensors raises its own error types
+            raise ValueError(f"serialized_named_tensors is not a safetensors payload: {exc}") from None
+    if fmt is None:
+        import pickle
+
+        import torch.multiprocessing as mp
+
+        mp.set_sharing_strategy("file_system")
+        try:
+            items = pickle.loads(raw)  # noqa: S301 - trusted trainer, as in SGLang
+        except Exception as exc:
+            raise ValueError(f"serialized_named_tensors could not be unpickled: {exc}") from None
+        if isinstance(items, dict):
+            items = list(items.items())
+        return {str(name): t for name, t in items}
+    raise ValueError(f"unsupported load_format {fmt!r}; use one of {FORMATS}")
+
+
+def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of the ``*.safetensors`` (or ``pytorch_model*.bin``) files of an HF model directory."""
+    import torch
+
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model_path {str(path)!r} is not a directory")
+    files = sorted(path.glob("*.safetensors"))
+    tensors: dict[str, torch.Tensor] = {}
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            tensors.update(load_file(str(f)))
+        return tensors
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
+    for f in bins:
+        tensors.update(torch.load(f, map_location="cpu", weights_only=True))
+    return tensors
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    import torch
+    import xxhash
+
+    raw = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    return xxhash.xxh3_64_hexdigest(raw.tobytes())
+
+
+def weights_checksum(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """Per-parameter and total checksum (see module docstring) -- the same on trainer and engine."""
+    import xxhash
+
+    total = xxhash.xxh3_64()
+    per: dict[str, str] = {}
+    for name, t in named_params:
+        digest = tensor_digest(t)
+        per[name] = digest
+        meta = json.dumps([name, str(t.dtype), list(t.shape), digest])
+        total.update(meta.encode())
+    return {"algorithm": "xxh3_64", "total": total.hexdigest(), "parameters": per}
