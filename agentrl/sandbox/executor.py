@@ -67,6 +67,13 @@ def _killpg(pid):
         os.killpg(pid, signal.SIGKILL)
 
 
+def _reap():
+    # Under bubblewrap the executor is PID 1 of its namespace, so orphans become its children.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
 def run(req):
     argv, timeout, limit = req["argv"], float(req["timeout"]), int(req["limit"])
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
@@ -158,6 +165,7 @@ def run(req):
     proc.stdout.close()
     proc.stderr.close()
     rc = proc.wait()
+    _reap()
     duration = time.monotonic() - start
     if rc < 0:
         rc = 128 - rc
@@ -175,6 +183,7 @@ def reset(req):
         except OSError:
             break
         time.sleep(0.01)
+        _reap()
     for root in req.get("paths", []):
         try:
             names = os.listdir(root)

@@ -76,6 +76,18 @@ class ExecutorSandbox(Sandbox):
     def alive(self) -> bool:
         return not self._closed and self._gone_reason is None and self._runtime_alive()
 
+    def healthy(self) -> bool:
+        """The runtime exists and the executor answers a ping (relaunching it if it had died)."""
+        if self._closed or self._gone_reason is not None:
+            return False
+        try:
+            with self._lock:
+                self._client().call({"op": "ping"}, 10.0)
+            return True
+        except Exception:
+            self._drop_executor()
+            return False
+
     def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None,
               env: Mapping[str, str] | None) -> ExecResult:
         started = time.monotonic()

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-from pathlib import Path
 
 from agentrl.sandbox import labels as L
 
 log = logging.getLogger(__name__)
 
-BWRAP_ROOT = Path("/tmp/agentrl-bwrap")
 
 
 def _orphaned(item_labels: dict[str, str], older_than_s: float, only_dead_owners: bool) -> bool:
@@ -48,15 +45,12 @@ def collect_garbage(*, older_than_s: float = 0.0, only_dead_owners: bool = True)
                     removed["volumes"] += 1
                 except Exception as exc:  # still mounted by a live container
                     log.warning("could not remove volume %s: %s", v["Name"], exc)
-    if BWRAP_ROOT.is_dir():
-        from agentrl.sandbox.bwrap_sandbox import read_owner_labels, remove_bwrap_dir
+    from agentrl.sandbox.bwrap_sandbox import BWRAP_ROOT, read_owner_labels, remove_bwrap_dir
 
+    if BWRAP_ROOT.is_dir():
         for d in BWRAP_ROOT.iterdir():
             if d.is_dir() and _orphaned(read_owner_labels(d), older_than_s, only_dead_owners):
                 remove_bwrap_dir(d)
                 removed["dirs"] += 1
     return removed
 
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
