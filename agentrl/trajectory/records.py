@@ -1,0 +1,108 @@
+"""``TurnRecord``: one ``/generate`` call exactly as the engine served it.
+
+It is the only source of trainable tokens, so it is validated once, on construction, and then frozen
+(token ids and log-probs are stored as tuples).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_INT = {int}
+_NUMBER = {float, int}
+
+
+def _token_ids(name: str, values: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(values, str | bytes | Mapping):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {type(values).__name__}")
+    ids = tuple(values)
+    # One C-level pass over the types: bool, float, numpy ints, strings are all rejected here.
+    kinds = set(map(type, ids))
+    if not kinds <= _INT:
+        bad = next(i for i, v in enumerate(ids) if type(v) is not int)
+        raise TypeError(f"{name}[{bad}] must be an int token id, got {type(ids[bad]).__name__} {ids[bad]!r}")
+    if ids and min(ids) < 0:
+        bad = next(i for i, v in enumerate(ids) if v < 0)
+        raise ValueError(f"{name}[{bad}] is a negative token id ({ids[bad]})")
+    return ids
+
+
+def _logprobs(values: Iterable[float]) -> tuple[float, ...]:
+    if isinstance(values, str | bytes | Mapping):
+        raise TypeError(f"output_logprobs must be a sequence of floats, got {type(values).__name__}")
+    lps = tuple(values)
+    kinds = set(map(type, lps))
+    if not kinds <= _NUMBER:
+        bad = next(i for i, v in enumerate(lps) if type(v) not in _NUMBER)
+        raise TypeError(f"output_logprobs[{bad}] must be a float, got {type(lps[bad]).__name__} {lps[bad]!r}")
+    if int in kinds:
+        lps = tuple(map(float, lps))
+    if lps and math.isnan(sum(lps)):  # NaN (or +inf and -inf together) somewhere: find it
+        bad = next((i for i, v in enumerate(lps) if math.isnan(v)), None)
+        if bad is not None:
+            raise ValueError(f"output_logprobs[{bad}] is NaN")
+    return lps
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One sampled turn: the exact prompt ids sent, the sampled ids and their log-probs.
+
+    ``output_logprobs`` is empty (the engine returned none) or one float per output id.
+    ``finish_reason`` is the engine's reason string: ``"stop"``, ``"length"``, ``"abort"``, ...
+    """
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    finish_reason: str
+    weight_version: str | None = None
+
+    def __post_init__(self) -> None:
+        prompt = _token_ids("prompt_ids", self.prompt_ids)
+        if not prompt:
+            raise ValueError("prompt_ids is empty: a turn needs the prompt it was sampled from")
+        output = _token_ids("output_ids", self.output_ids)
+        lps = _logprobs(self.output_logprobs)
+        if lps and len(lps) != len(output):
+            raise ValueError(
+                f"output_logprobs has {len(lps)} entries for {len(output)} output ids "
+                "(it must be empty or one log-prob per output id)"
+            )
+        if not isinstance(self.finish_reason, str) or not self.finish_reason:
+            raise TypeError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
+        if self.weight_version is not None and not isinstance(self.weight_version, str):
+            raise TypeError(f"weight_version must be a str or None, got {type(self.weight_version).__name__}")
+        object.__setattr__(self, "prompt_ids", prompt)
+        object.__setattr__(self, "output_ids", output)
+        object.__setattr__(self, "output_logprobs", lps)
+
+    @property
+    def has_logprobs(self) -> bool:
+        return bool(self.output_logprobs) or not self.output_ids
+
+    @classmethod
+    def from_generate_response(cls, prompt_ids: Iterable[int], response: Mapping[str, Any]) -> TurnRecord:
+        """Build a record from an SGLang-style ``/generate`` JSON body (``return_logprob=True``)."""
+        meta = response.get("meta_info") or {}
+        output_ids = response.get("output_ids")
+        pairs = meta.get("output_token_logprobs") or []
+        if output_ids is None:
+            output_ids = [int(p[1]) for p in pairs]
+        logprobs = [p[0] for p in pairs]
+        if pairs and [p[1] for p in pairs] != list(output_ids):
+            raise ValueError("meta_info.output_token_logprobs token ids differ from output_ids")
+        finish = meta.get("finish_reason")
+        if isinstance(finish, Mapping):
+            finish = finish.get("type")
+        weight_version = meta.get("weight_version")
+        return cls(
+            prompt_ids=tuple(prompt_ids),
+            output_ids=tuple(output_ids),
+            output_logprobs=tuple(logprobs),
+            finish_reason=str(finish or "stop"),
+            weight_version=None if weight_version is None else str(weight_version),
+        )

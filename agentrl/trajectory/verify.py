@@ -1,0 +1,165 @@
+"""``verify``: re-prove a sample's invariants from the turn records alone.
+
+Written independently of the manager's layout code: it replays the merge token by token from
+``sample.metadata["turns"]`` and the :class:`TurnRecord` s, and checks every token id, loss-mask bit,
+log-prob and provenance entry. The first offending token is named in :class:`ProvenanceError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED
+from agentrl.trajectory.records import TurnRecord
+from agentrl.trajectory.sample import Sample
+
+
+class ProvenanceError(ValueError):
+    """A sample breaks the trajectory contract; ``index`` is the first offending token (None: sample-level)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message if index is None else f"token {index}: {message}")
+        self.index = index
+        self.detail = message
+
+
+def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> None:
+    """Raise :class:`ProvenanceError` unless ``sample`` is a faithful merge of ``turns``.
+
+    Proves: lengths agree (invariant 3); every token equals the record that introduced it; every
+    trained token is a recorded output token whose full left context equals that turn's prompt plus its
+    earlier outputs, with the sampled log-prob (1); only such tokens are trained (2); each turn is
+    trained at most once (5); provenance, loss mask and log-probs match the replay exactly.
+    """
+    tokens = sample.tokens
+    n = len(tokens)
+    rs = sample.response_start
+    if type(rs) is not int or not 0 <= rs <= n:
+        raise ProvenanceError(f"response_start {rs!r} is outside 0..{n}")
+    if len(sample.loss_mask) != n - rs or len(sample.rollout_logprobs) != n - rs:
+        raise ProvenanceError(
+            f"loss_mask ({len(sample.loss_mask)}) and rollout_logprobs ({len(sample.rollout_logprobs)}) "
+            f"must both cover tokens[response_start:] ({n - rs})"
+        )
+    if len(sample.provenance) != n:
+        raise ProvenanceError(f"{len(sample.provenance)} provenance entries for {n} tokens")
+
+    order = sample.metadata.get("turns")
+    if not isinstance(order, list) or not order or not all(type(t) is int for t in order):
+        raise ProvenanceError(f"metadata['turns'] must be a non-empty list of turn indices, got {order!r}")
+    if len(set(order)) != len(order):
+        raise ProvenanceError(f"metadata['turns'] repeats a turn: {order}")
+    try:
+        recs = [turns[t] for t in order]
+    except (IndexError, KeyError) as exc:
+        raise ProvenanceError(f"metadata['turns'] names a turn that was not recorded: {exc}") from None
+
+    # Replay the merge: divergence of each turn from the tokens held before it.
+    full = [rec.prompt_ids + rec.output_ids for rec in recs]
+    divergences = [0] + [_prefix(full[k - 1], recs[k].prompt_ids) for k in range(1, len(recs))]
+    first_prompt = len(recs[0].prompt_ids)
+    if rs != min(first_prompt, n):
+        raise ProvenanceError(f"response_start {rs} is not the first turn's prompt length {first_prompt}")
+    for k in range(1, len(recs)):
+        if divergences[k] < first_prompt:
+            raise ProvenanceError(
+                f"turn {order[k]} leaves the sample's first prompt at {divergences[k]}: it cannot share this sample"
+            )
+    if n > len(full[-1]):
+        raise ProvenanceError(f"{n} tokens but the last turn holds only {len(full[-1])}", len(full[-1]))
+    if n < len(full[-1]) and not sample.metadata.get("truncated"):
+        raise ProvenanceError("sample is shorter than its last turn but metadata['truncated'] is not set", n)
+
+    owner = [0] * n  # owner[i] = last merged turn k with divergence <= i
+    for k in range(1, len(recs)):
+        owner[divergences[k] : n] = [k] * max(0, n - divergences[k])
+    later_min = [math.inf] * len(recs)
+    for k in range(len(recs) - 2, -1, -1):
+        later_min[k] = min(later_min[k + 1], divergences[k + 1])
+
+    trained_turns: set[int] = set()
+    for i, (token, prov) in enumerate(zip(tokens, sample.provenance, strict=True)):
+        k = owner[i]
+        rec = recs[k]
+        prompt_len = len(rec.prompt_ids)
+        if i < rs:
+            source = PROMPT
+        elif i >= prompt_len:
+            source = MODEL
+        elif k > 0 and i < len(full[k - 1]):
+            source = REALIGNED
+        else:
+            source = CONTEXT
+        expected_wv = rec.weight_version if source == MODEL else None
+        if type(token) is not int or token != full[k][i]:
+            raise ProvenanceError(
+                f"id {token!r} but turn {order[k]} recorded {full[k][i]} here ({source})", i
+            )
+        if tuple(prov) != (source, order[k], expected_wv):
+            raise ProvenanceError(
+                f"provenance {tuple(prov)} but the replay gives {(source, order[k], expected_wv)}", i
+            )
+        if i < rs:
+            continue
+        output_len = len(rec.output_ids)
+        trained = source == MODEL and not (prompt_len < later_min[k] < prompt_len + output_len)
+        mask = sample.loss_mask[i - rs]
+        if type(mask) is not int or mask != int(trained):
+            raise ProvenanceError(
+                f"loss mask {mask!r} but a {source} token of turn {order[k]} must have {int(trained)}", i
+            )
+        expected_lp = rec.output_logprobs[i - prompt_len] if trained and rec.output_logprobs else 0.0
+        if sample.rollout_logprobs[i - rs] != expected_lp:
+            raise ProvenanceError(
+                f"rollout log-prob {sample.rollout_logprobs[i - rs]!r} but turn {order[k]} sampled it with {expected_lp!r}",
+                i,
+            )
+        if trained:
+            trained_turns.add(k)
+
+    # Invariant 1 stated directly: a trained turn's whole left context is what the engine saw.
+    for k in sorted(trained_turns):
+        rec = recs[k]
+        prompt_len = len(rec.prompt_ids)
+        if tuple(tokens[:prompt_len]) != rec.prompt_ids:
+            bad = _prefix(tokens, rec.prompt_ids)
+            raise ProvenanceError(
+                f"turn {order[k]} is trained but the sample differs from its prompt here", bad
+            )
+        end = min(n, prompt_len + len(rec.output_ids))
+        if tuple(tokens[prompt_len:end]) != rec.output_ids[: end - prompt_len]:
+            bad = prompt_len + _prefix(tokens[prompt_len:end], rec.output_ids)
+            raise ProvenanceError(f"turn {order[k]} is trained but its outputs differ here", bad)
+
+
+def trained_turns(sample: Sample) -> set[int]:
+    """Session turn indices with at least one trained token in ``sample``."""
+    rs = sample.response_start
+    out = set()
+    for run in sample.provenance.runs:
+        if run.source == MODEL and any(sample.loss_mask[max(run.start, rs) - rs : run.end - rs]):
+            out.add(run.turn)
+    return out
+
+
+def verify_session(samples: Sequence[Sample], turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> None:
+    """:func:`verify` each sample, and prove that no turn is trained in two samples (invariant 5)."""
+    seen: dict[int, int] = {}
+    for index, sample in enumerate(samples):
+        try:
+            verify(sample, turns)
+        except ProvenanceError as exc:
+            raise ProvenanceError(f"sample {index}: {exc.detail}", exc.index) from None
+        for turn in trained_turns(sample):
+            if turn in seen:
+                raise ProvenanceError(f"turn {turn} is trained in samples {seen[turn]} and {index}")
+            seen[turn] = index
