@@ -1,0 +1,181 @@
+"""Grade code by running hidden tests in a FRESH sandbox (never the agent's own).
+
+The agent's files are copied into a new sandbox; the tests and the runner live in a host directory
+bind-mounted read-only at ``/grader`` of that sandbox only, so the agent never sees them and the
+solution cannot edit them. A run passes only if the runner exited 0, its report carries this run's
+nonce, it collected at least one test and exactly as many as the test files define (counted on the
+host with ``ast``), and every one passed. "No tests collected", a crashed or killed runner (e.g. the
+solution calls ``os._exit(0)`` or ``sys.exit``), a timeout, or a missing report are failures: the
+reward-hacking holes seen in public code-RL runs.
+
+Not closed: a solution that deliberately introspects the runner's memory for the nonce and writes a
+forged report to the saved stdout fd. Tests run in the solution's process; isolate further by
+running each test file in its own grade call if that matters.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrl.sandbox.backend import make_sandbox, resolve_backend
+from agentrl.sandbox.base import Sandbox, work_path
+from agentrl.sandbox.blocking import run_blocking
+from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
+from agentrl.sandbox.limits import SandboxLimits
+from agentrl.sandbox.result import ExecResult
+
+log = logging.getLogger(__name__)
+
+RUNNER_SOURCE = Path(__file__).with_name("grade_runner.py").read_text()
+MOUNT = "/grader"
+MARK = "AGENTRL-GRADE"
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    passed: bool
+    reason: str
+    collected: int = 0
+    passed_tests: int = 0
+    expected: int = 0
+    failures: list[str] = field(default_factory=list)
+    exec_result: ExecResult | None = None
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.passed else 0.0
+
+
+def count_tests(test_files: Mapping[str, str | bytes]) -> int:
+    """Tests the runner will find: top-level ``test*`` functions and ``test*`` methods of classes, in
+    ``test*.py`` files. ValueError for a test file that does not parse."""
+    total = 0
+    for name, source in test_files.items():
+        base = Path(name).name
+        if not (base.startswith("test") and base.endswith(".py")):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            raise ValueError(f"test file {name} does not parse: {exc}") from exc
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
+                total += 1
+            elif isinstance(node, ast.ClassDef):
+                total += sum(1 for item in node.body
+                             if isinstance(item, ast.FunctionDef) and item.name.startswith("test"))
+    return total
+
+
+def _validate_tests(test_files: Mapping[str, str | bytes]) -> None:
+    if not test_files:
+        raise ValueError("no test files given")
+    for name in test_files:
+        if "/" in name or name in {".", ".."} or not name:
+            raise ValueError(f"test file names must be plain file names, got {name!r}")
+        if name == "grade_runner.py":
+            raise ValueError("test file name grade_runner.py is reserved")
+
+
+def judge(res: ExecResult, nonce: str, expected: int) -> GradeResult:
+    """Turn one runner execution into a verdict (pure; unit-tested on its own)."""
+    report = None
+    for line in res.stdout.splitlines():
+        if line.startswith(f"{MARK} {nonce} "):
+            try:
+                report = json.loads(line[len(MARK) + len(nonce) + 2:])
+            except ValueError:
+                report = None
+    if res.timed_out:
+        return GradeResult(False, "timed out", expected=expected, exec_result=res)
+    if res.oom_killed:
+        return GradeResult(False, "runner killed: out of memory", expected=expected, exec_result=res)
+    if res.exit_code != 0 or report is None:
+        return GradeResult(False, f"runner crashed (exit {res.exit_code}, report {'present' if report else 'missing'})",
+                           expected=expected, exec_result=res)
+    collected, passed = int(report.get("collected", 0)), int(report.get("passed", 0))
+    failures = list(report.get("failures", []))
+    common = dict(collected=collected, passed_tests=passed, expected=expected, failures=failures, exec_result=res)
+    if collected == 0:
+        return GradeResult(False, "no tests collected", **common)
+    if collected != expected:
+        return GradeResult(False, f"collected {collected} tests, the test files define {expected}", **common)
+    if passed != collected or failures:
+        return GradeResult(False, f"{collected - passed} of {collected} tests failed", **common)
+    return GradeResult(True, "passed", **common)
+
+
+class Grader:
+    """``Grader().grade({"solution.py": code}, {"test_solution.py": tests})`` -> :class:`GradeResult`.
+
+    ``factory(read_only_mounts)`` may build the fresh sandbox (default: backend/image/limits).
+    """
+
+    def __init__(self, *, backend: str = "auto", image: str = DEFAULT_IMAGE, limits: SandboxLimits | None = None,
+                 timeout: float = 30.0, factory: Callable[[Mapping[str, str]], Sandbox] | None = None):
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        self.timeout = timeout
+        if factory is None:
+            kind = resolve_backend(backend)
+
+            def factory(mounts: Mapping[str, str]) -> Sandbox:
+                return make_sandbox(kind, image=image, limits=limits, role="grader", read_only_mounts=mounts)
+        self._factory = factory
+
+    def grade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
+              timeout: float | None = None) -> GradeResult:
+        _validate_tests(test_files)
+        for path in solution_files:
+            work_path("/work", path)  # ValueError before any container is made
+        expected = count_tests(test_files)
+        nonce = secrets.token_hex(16)
+        host_dir = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
+        try:
+            tests_dir = host_dir / "tests"
+            tests_dir.mkdir()
+            (host_dir / "grade_runner.py").write_text(RUNNER_SOURCE)
+            for name, content in test_files.items():
+                data = content.encode() if isinstance(content, str) else bytes(content)
+                (tests_dir / name).write_bytes(data)
+            for p in [host_dir, tests_dir, *host_dir.rglob("*")]:  # readable by the sandbox uid
+                p.chmod(0o755 if p.is_dir() else 0o644)
+            sandbox = self._factory({MOUNT: str(host_dir)})
+            with sandbox:
+                if solution_files:
+                    sandbox.write_files(solution_files)
+                res = sandbox.exec([sandbox.python, f"{MOUNT}/grade_runner.py", f"{MOUNT}/tests"],
+                                   timeout=timeout or self.timeout, stdin=nonce + "\n")
+        finally:
+            shutil.rmtree(host_dir, ignore_errors=True)
+        return judge(res, nonce, expected)
+
+    def grade_from(self, agent_sandbox: Sandbox, paths: Sequence[str], test_files: Mapping[str, str | bytes], *,
+                   timeout: float | None = None) -> GradeResult:
+        """Copy ``paths`` out of the agent's sandbox and grade them in a fresh one."""
+        files = {}
+        for path in paths:
+            try:
+                files[path] = agent_sandbox.read_file(path)
+            except FileNotFoundError:
+                return GradeResult(False, f"solution file {path} is missing")
+        return self.grade(files, test_files, timeout=timeout)
+
+    def grade_many(self, items: Sequence[tuple[Mapping[str, str | bytes], Mapping[str, str | bytes]]], *,
+                   concurrency: int = 2, timeout: float | None = None) -> list[GradeResult]:
+        """Grade (solution_files, test_files) pairs, each in its own fresh sandbox, ``concurrency`` at once."""
+        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="agentrl-grade") as ex:
+            return list(ex.map(lambda item: self.grade(item[0], item[1], timeout=timeout), items))
+
+    async def agrade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
+                     timeout: float | None = None) -> GradeResult:
+        return await run_blocking(self.grade, solution_files, test_files, timeout=timeout)
