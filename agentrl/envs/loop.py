@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.envs.environment import Environment, ToolCallError, maybe_await
-from agentrl.envs.formats import ToolCallFormat, format_for
+from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
 from agentrl.envs.render import ChatRenderer
 from agentrl.trajectory import Sample, TrajectoryManager, TurnRecord
 
@@ -35,7 +35,8 @@ class Generate(Protocol):
 
 EnvFactory = Callable[[], Environment]
 
-# Why an episode stopped; all but "done"/"no_tool_call" mean the episode was cut short ("truncated").
+# Why an episode stopped: "done" (a tool set env.done), "no_tool_call" (a final text reply), "abort"
+# (the engine aborted the turn), or a limit — those below mark its samples "truncated".
 STOP_TRUNCATED = {"max_turns", "max_total_tokens", "context_length", "length"}
 
 
@@ -48,7 +49,7 @@ class EpisodeMetrics:
     reward: float = 0.0
     stop_reason: str = ""
     finish_reasons: dict[str, int] = field(default_factory=dict)
-    drift: dict[str, int] = field(default_factory=dict)  # drift-guard outcomes over the episode's turns
+    drift: dict[str, int] = field(default_factory=dict)  # record_turn outcomes: new/clean/realigned/forked/...
     prompt_tokens: int = 0  # of the first prompt
     generated_tokens: int = 0
     samples: int = 0
@@ -118,7 +119,8 @@ async def run_episode(
     fmt = tool_format or format_for(renderer.tokenizer)
     metrics = EpisodeMetrics()
     started = time.perf_counter()
-    finish = Counter()
+    finish: Counter[str] = Counter()
+    drift: Counter[str] = Counter()
     limits = [x for x in (max_context_tokens, env.max_context_tokens) if x]
     context = min(limits) if limits else None
     try:
@@ -145,9 +147,15 @@ async def run_episode(
                 params["max_new_tokens"] = min(params.get("max_new_tokens", budget), budget)
             turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
             text = renderer.decode_response(turn.output_ids)
+            parsed = fmt.parse(text)
+            # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
+            # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
             reply = {"role": "assistant", "content": text}
-            manager.record_turn(session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
-                                metadata={"turn": metrics.turns})
+            outcome = manager.record_turn(
+                session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
+                metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors)},
+            )
+            drift[outcome] += 1
             messages.append(reply)
             metrics.turns += 1
             metrics.generated_tokens += len(turn.output_ids)
@@ -156,37 +164,36 @@ async def run_episode(
             if last_finish == "abort":
                 metrics.stop_reason = "abort"
                 break
-            messages.extend(await _act(env, fmt, text, metrics))
+            messages.extend(await _act(env, parsed, text, metrics))
         reward = float(await maybe_await(env.reward()))
         metrics.reward = reward
         if metrics.stop_reason == "no_tool_call" and last_finish == "length":
             metrics.stop_reason = "length"  # the final reply was cut off, not finished
-        samples = manager.get_trajectory(
-            session_id, reward=reward,
-            extra_metadata={"stop_reason": metrics.stop_reason, "turns": metrics.turns,
-                            "ill_formed_turns": metrics.ill_formed_turns},
+        samples = [] if metrics.turns == 0 else manager.get_trajectory(  # zero turns: nothing to train
+            session_id, reward=reward, group_id=group_id or session_id,
+            extra_metadata={"stop_reason": metrics.stop_reason, "episode_turns": metrics.turns,
+                            "tool_calls": metrics.tool_calls, "ill_formed_turns": metrics.ill_formed_turns},
         )
-        status = _status(metrics.stop_reason)
-        for sample in samples:
-            sample.group_id = group_id or session_id
-            sample.status = status
+        if metrics.stop_reason in STOP_TRUNCATED:  # the episode was cut short by a limit
+            for sample in samples:
+                if sample.status == "completed":
+                    sample.status = "truncated"
         metrics.samples = len(samples)
-        metrics.drift = _drift_counts(samples)
     except BaseException:
         if manager.has_session(session_id):
             manager.drop_session(session_id)
         raise
     finally:
         metrics.finish_reasons = dict(finish)
+        metrics.drift = dict(drift)
         metrics.seconds = time.perf_counter() - started
         await maybe_await(env.close())
     return EpisodeResult(session_id=session_id, group_id=group_id or session_id, task=task, samples=samples,
                          metrics=metrics, messages=messages)
 
 
-async def _act(env: Environment, fmt: ToolCallFormat, text: str, metrics: EpisodeMetrics) -> list[dict[str, Any]]:
+async def _act(env: Environment, parsed: ParsedResponse, text: str, metrics: EpisodeMetrics) -> list[dict[str, Any]]:
     """Tool messages answering the reply ``text`` (its calls' results and malformed-call errors)."""
-    parsed = fmt.parse(text)
     out: list[dict[str, Any]] = []
     ill_formed = bool(parsed.errors)
     for error in parsed.errors:
@@ -225,20 +232,6 @@ def _token_budget(prompt_len: int, context: int | None, max_total: int | None) -
     if not options:
         return None, ""
     return min(options)
-
-
-def _status(stop_reason: str) -> str:
-    if stop_reason == "abort":
-        return "aborted"
-    return "truncated" if stop_reason in STOP_TRUNCATED else "completed"
-
-
-def _drift_counts(samples: Sequence[Sample]) -> dict[str, int]:
-    counts: Counter[str] = Counter()
-    for sample in samples:
-        for outcome in sample.metadata.get("drift_outcomes", []):
-            counts[str(outcome)] += 1
-    return dict(counts)
 
 
 async def generate_rollout(

@@ -19,3 +19,58 @@ def renderer(tokenizer):
     from agentrl.envs.render import ChatRenderer
 
     return ChatRenderer(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from agentrl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+class TinyModelGenerate:
+    """A real-model ``generate``: samples from the tiny random Qwen2 with transformers, returns exact ids and
+    log-probs (temperature 1, no top-k/top-p), seeded per session so runs repeat."""
+
+    def __init__(self, model_dir, max_new_tokens: int = 24) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        self.max_new_tokens = max_new_tokens
+        self.eos = self.model.generation_config.eos_token_id
+        self.turns: dict[str, list] = {}
+
+    async def __call__(self, input_ids, *, session_id, sampling_params=None):
+        from agentrl.trajectory import TurnRecord
+
+        torch = self.torch
+        limit = min((sampling_params or {}).get("max_new_tokens", self.max_new_tokens), self.max_new_tokens)
+        seed = (hash(session_id) + len(self.turns.get(session_id, []))) % 2**31
+        generator = torch.Generator().manual_seed(seed)
+        ids, logprobs = [], []
+        past = None
+        step_input = torch.tensor([input_ids])
+        finish = "length"
+        with torch.no_grad():
+            for _ in range(limit):
+                out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+                ids.append(token)
+                logprobs.append(float(logp[token]))
+                if token == self.eos:
+                    finish = "stop"
+                    break
+                step_input = torch.tensor([[token]])
+        record = TurnRecord(prompt_ids=list(input_ids), output_ids=ids, output_logprobs=logprobs,
+                            finish_reason=finish, weight_version="0")
+        self.turns.setdefault(session_id, []).append(record)
+        return record
+
+
+@pytest.fixture(scope="session")
+def tiny_generate(tiny_model_dir):
+    return TinyModelGenerate(tiny_model_dir)
