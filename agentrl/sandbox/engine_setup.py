@@ -97,22 +97,21 @@ def start_dockerd(wait_s: float = 60.0) -> bool:
     raise SetupError(f"dockerd did not answer within {wait_s:.0f}s; last log lines:\n{tail}")
 
 
-def apt_mirror() -> str:
-    """The Debian mirror apt already uses (deb822 sources first, then sources.list)."""
-    candidates = [Path("/etc/apt/sources.list.d/debian.sources")]
-    candidates += sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
+def apt_mirror(etc_apt: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror apt already uses (deb822 ``*.sources`` first, then ``sources.list``)."""
+    sources_d = etc_apt / "sources.list.d"
+    candidates = [sources_d / "debian.sources", *sorted(sources_d.glob("*.sources"))]
     for path in candidates:
         if path.is_file():
             for stanza in path.read_text().split("\n\n"):
                 uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
-                suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
-                if uris and suites and "security" not in uris.group(1) and "/debian" in uris.group(1):
+                if uris and "/debian" in uris.group(1) and "security" not in uris.group(1):
                     return uris.group(1).rstrip("/")
-    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]:
+    for path in [etc_apt / "sources.list", *sorted(sources_d.glob("*.list"))]:
         if path.is_file():
             for line in path.read_text().splitlines():
                 m = re.match(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+/debian)/?\s", line)
-                if m:
+                if m and "security" not in m.group(1):
                     return m.group(1)
     return FALLBACK_MIRROR
 

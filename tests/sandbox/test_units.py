@@ -1,0 +1,249 @@
+"""Pure logic of the sandbox package (no engine needed): limits, paths, capped output, verdicts,
+the executor protocol over local pipes, lazy imports, CLI argument errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentrl.sandbox.base import as_argv, work_path
+from agentrl.sandbox.engine_setup import apt_mirror
+from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, ExecutorClient, ExecutorGone, PipeTransport
+from agentrl.sandbox.grader import Grader, GradeResult, count_tests, judge
+from agentrl.sandbox.limits import SandboxLimits, parse_size
+from agentrl.sandbox.result import CappedOutput, ExecResult
+
+
+def _res(stdout="", exit_code=0, timed_out=False, oom=False) -> ExecResult:
+    return ExecResult(exit_code, stdout, "", timed_out, oom, 0.1, False)
+
+
+# ---- limits and paths ---------------------------------------------------------------------------
+def test_parse_size_units():
+    assert parse_size("64k") == 64 * 1024
+    assert parse_size("512m") == 512 * 1024**2
+    assert parse_size("1G") == 1024**3
+    assert parse_size(4096) == 4096
+
+
+@pytest.mark.parametrize("bad", ["", "12x", "-5m", "0", 0, -1, "m"])
+def test_parse_size_rejects_garbage(bad):
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("kwargs", [{"memory": "lots"}, {"cpus": 0}, {"pids": 2}, {"output_limit": -1},
+                                    {"work_size": "0"}])
+def test_limits_reject_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        SandboxLimits(**kwargs)
+
+
+def test_work_path_accepts_inside_paths():
+    assert work_path("/work", "a/b.py") == "a/b.py"
+    assert work_path("/work", "/work/x") == "x"
+    assert work_path("/work", "./a/../b") == "b"
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd", "/work", "", "a/../../x", "/workx/y", "a\0b"])
+def test_work_path_rejects_escapes(bad):
+    with pytest.raises(ValueError):
+        work_path("/work", bad)
+
+
+@given(st.lists(st.sampled_from(["a", "b", "..", ".", "/"]), max_size=8))
+def test_work_path_never_leaves_the_work_dir(parts):
+    path = "/".join(parts)
+    try:
+        rel = work_path("/work", path)
+    except ValueError:
+        return
+    assert not rel.startswith("/") and ".." not in rel.split("/") and rel
+
+
+def test_as_argv():
+    assert as_argv("echo hi") == ["sh", "-c", "echo hi"]
+    assert as_argv(["python3", "-c", "1"]) == ["python3", "-c", "1"]
+    for bad in ["", "   ", [], [""], ["a\0"]]:
+        with pytest.raises(ValueError):
+            as_argv(bad)
+
+
+# ---- capped output ------------------------------------------------------------------------------
+@given(st.lists(st.binary(max_size=50), max_size=20), st.integers(min_value=0, max_value=120))
+def test_capped_output_keeps_exactly_the_prefix(chunks, limit):
+    cap = CappedOutput(limit)
+    for c in chunks:
+        cap.add(c)
+    whole = b"".join(chunks)
+    assert cap.text() == whole[:limit].decode("utf-8", errors="replace")
+    assert cap.total == len(whole)
+    assert cap.truncated == (len(whole) > limit)
+
+
+# ---- grader verdicts (pure) ----------------------------------------------------------------------
+def _report(nonce, collected, passed, failures=()):
+    import json
+
+    return f"AGENTRL-GRADE {nonce} " + json.dumps({"collected": collected, "passed": passed,
+                                                   "failures": list(failures)})
+
+
+def test_judge_passes_only_a_complete_nonced_report():
+    assert judge(_res(_report("n1", 2, 2)), "n1", 2).passed
+
+
+@pytest.mark.parametrize("res,reason", [
+    (_res(_report("n1", 0, 0)), "no tests collected"),
+    (_res(_report("n1", 1, 1)), "collected 1 tests, the test files define 2"),
+    (_res(_report("n1", 2, 1, ["t: AssertionError"])), "1 of 2 tests failed"),
+    (_res(_report("forged", 2, 2)), "runner crashed"),
+    (_res(""), "runner crashed"),
+    (_res(_report("n1", 2, 2), exit_code=1), "runner crashed"),
+    (_res(_report("n1", 2, 2), exit_code=137, timed_out=True), "timed out"),
+    (_res("", exit_code=137, oom=True), "runner killed: out of memory"),
+])
+def test_judge_fails_every_hole(res, reason):
+    verdict = judge(res, "n1", 2)
+    assert not verdict.passed and verdict.reward == 0.0
+    assert verdict.reason.startswith(reason)
+
+
+def test_count_tests_matches_runner_rules():
+    src = ("def test_a(): pass\n"
+           "def helper(): pass\n"
+           "class TestX:\n    def test_b(self): pass\n    def other(self): pass\n"
+           "async def test_c(): pass\n")
+    assert count_tests({"test_m.py": src, "conftest.py": "def test_no(): pass\n"}) == 3
+    with pytest.raises(ValueError, match="does not parse"):
+        count_tests({"test_bad.py": "def test_(:\n"})
+
+
+@pytest.mark.parametrize("tests", [{}, {"sub/test_a.py": "x"}, {"grade_runner.py": "x"}])
+def test_grader_rejects_bad_test_file_names_before_making_a_sandbox(tests):
+    made = []
+    grader = Grader(factory=lambda mounts: made.append(mounts))
+    with pytest.raises(ValueError):
+        grader.grade({"solution.py": "x = 1"}, tests)
+    assert made == []
+
+
+def test_grader_rejects_solution_paths_outside_work():
+    grader = Grader(factory=lambda mounts: pytest.fail("no sandbox should be made"))
+    with pytest.raises(ValueError, match="outside"):
+        grader.grade({"../evil.py": "x"}, {"test_a.py": "def test_a(): pass\n"})
+
+
+def test_grade_result_reward():
+    assert GradeResult(True, "passed").reward == 1.0
+
+
+# ---- the executor protocol, over local pipes (no isolation: benign commands only) ----------------
+@pytest.fixture
+def local_executor():
+    proc = subprocess.Popen([sys.executable, "-c", EXECUTOR_SOURCE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    client = ExecutorClient(PipeTransport(proc))
+    yield client
+    client.close()
+    proc.kill()
+    proc.wait()
+
+
+def _run(client, argv, timeout=5.0, stdin=None, limit=65536):
+    return client.run(argv, timeout=timeout, stdin=stdin, env={"PATH": "/usr/bin:/bin"}, cwd="/tmp", limit=limit)
+
+
+def test_executor_stdout_stderr_exit_code_stdin(local_executor):
+    r = _run(local_executor, ["sh", "-c", "cat; echo oops >&2; exit 3"], stdin=b"hello\n")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.truncated) == (3, "hello\n", "oops\n", False, False)
+
+
+def test_executor_large_stdin_with_large_output_does_not_deadlock(local_executor):
+    data = b"x" * (2 * 1024 * 1024)
+    r = _run(local_executor, ["cat"], stdin=data, limit=100)
+    assert r.exit_code == 0 and r.truncated and r.stdout == "x" * 100
+
+
+def test_executor_timeout_kills(local_executor):
+    t0 = time.monotonic()
+    r = _run(local_executor, ["sh", "-c", "while :; do :; done"], timeout=0.5)
+    assert r.timed_out and r.exit_code == 137 and time.monotonic() - t0 < 3
+
+
+def test_executor_returns_while_background_child_holds_the_pipe(local_executor):
+    t0 = time.monotonic()
+    r = _run(local_executor, ["sh", "-c", "sleep 30 & echo started"])
+    assert r.stdout == "started\n" and r.exit_code == 0 and time.monotonic() - t0 < 2
+
+
+def test_executor_missing_binary_is_127(local_executor):
+    r = _run(local_executor, ["/nonexistent/binary"])
+    assert r.exit_code == 127 and "No such file" in r.stderr
+
+
+def test_executor_bad_request_keeps_it_alive(local_executor):
+    with pytest.raises(RuntimeError, match="rejected"):
+        local_executor.call({"op": "nope"}, 5)
+    assert "pid" in local_executor.call({"op": "ping"}, 5)
+
+
+def test_executor_gone_is_reported(local_executor):
+    local_executor.transport.proc.kill()
+    with pytest.raises(ExecutorGone):
+        local_executor.call({"op": "ping"}, 5)
+
+
+# ---- packaging and CLI --------------------------------------------------------------------------
+def test_import_is_lazy_and_names_resolve():
+    code = ("import sys, agentrl.sandbox as s\n"
+            "assert 'docker' not in sys.modules\n"
+            "from agentrl.sandbox import DockerSandbox, SandboxPool, ExecResult\n"
+            "assert 'docker' not in sys.modules, 'docker imported at import time'\n"
+            "print(DockerSandbox.__name__, SandboxPool.__name__, ExecResult.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["DockerSandbox", "SandboxPool", "ExecResult"]
+
+
+def test_unknown_export_is_an_attribute_error():
+    import agentrl.sandbox as s
+
+    with pytest.raises(AttributeError):
+        s.NoSuchThing  # noqa: B018
+
+
+def test_cli_rejects_unknown_subcommand(capsys):
+    from agentrl.sandbox.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["explode"])
+    assert exc.value.code == 2
+
+
+def test_apt_mirror_reads_deb822_and_list_formats(tmp_path):
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "debian.sources").write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n"
+                                      "Types: deb\nURIs: http://mirror.example/debian-security\n")
+    assert apt_mirror(tmp_path) == "http://mirror.example/debian"
+    (d / "debian.sources").unlink()
+    (tmp_path / "sources.list").write_text("# c\ndeb [arch=amd64] http://old.example/debian bookworm main\n")
+    assert apt_mirror(tmp_path) == "http://old.example/debian"
+    (tmp_path / "sources.list").unlink()
+    assert apt_mirror(tmp_path) == "http://deb.debian.org/debian"
+
+
+def test_pool_rejects_bad_arguments():
+    from agentrl.sandbox.pool import SandboxPool
+
+    for kwargs in [{"size": 0}, {"recycle": "burn"}, {"max_uses": 0}]:
+        with pytest.raises(ValueError):
+            SandboxPool(factory=lambda: None, **kwargs)
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        SandboxPool(backend="vm")
