@@ -43,6 +43,12 @@ class Environment:
     max_tool_output_chars: ClassVar[int] = 4000
     tools: ClassVar[dict[str, ToolSpec]] = {}
 
+    # Per-episode state, as class-level defaults so a subclass ``__init__`` need not call super().
+    # The loop sets ``task`` and ``messages`` (the live history) right after ``reset``.
+    done: bool = False
+    task: Any = None
+    messages: list[dict[str, Any]]
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         found: dict[str, ToolSpec] = {}
@@ -54,9 +60,7 @@ class Environment:
         cls.tools = found
 
     def __init__(self) -> None:
-        self.done = False
-        self.task: Any = None
-        self.messages: list[dict[str, Any]] = []
+        self.messages = []
 
     # ---- the hooks a subclass writes -------------------------------------------------------------
     def reset(self, task: Any) -> list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]:

@@ -13,6 +13,7 @@ is also how users swap in their own sampling (see :mod:`agentrl.envs.plugins`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import Counter
@@ -24,6 +25,8 @@ from agentrl.envs.environment import Environment, ToolCallError, maybe_await
 from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
 from agentrl.envs.render import ChatRenderer
 from agentrl.trajectory import Sample, TrajectoryManager, TurnRecord
+
+log = logging.getLogger(__name__)
 
 
 class Generate(Protocol):
@@ -124,8 +127,9 @@ async def run_episode(
     limits = [x for x in (max_context_tokens, env.max_context_tokens) if x]
     context = min(limits) if limits else None
     try:
+        env.task = task
         messages = list(await maybe_await(env.reset(task)))
-        env.task, env.messages = task, messages
+        env.messages = messages
         tools = env.tool_schemas()
         last_finish = None
         while True:
@@ -268,15 +272,19 @@ async def generate_rollout(
     async def one(task: Any, group_id: str, index: int) -> EpisodeResult:
         session_id = f"{group_id}-{index}"
         async with gate:
-            env = env_factory()
+            env = None
             try:
+                env = env_factory()
                 return await play(env, task, generate, renderer, session_id=session_id, group_id=group_id,
                                   sampling_params=sampling_params, trajectory_manager=manager,
                                   tool_format=fmt, max_context_tokens=max_context_tokens)
             except Exception as err:
+                log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
+                if manager.has_session(session_id):  # a custom episode function may not have cleaned up
+                    manager.drop_session(session_id)
                 metrics = EpisodeMetrics(stop_reason="error", error=f"{type(err).__name__}: {err}")
                 return EpisodeResult(session_id=session_id, group_id=group_id, task=task, samples=[],
-                                     metrics=metrics, messages=list(env.messages))
+                                     metrics=metrics, messages=list(getattr(env, "messages", [])))
 
     groups = []
     for t, task in enumerate(tasks):
