@@ -104,6 +104,11 @@ class ExecutorSandbox(Sandbox):
                 # The command killed every process of the agent uid, the executor included; the
                 # container survives (its keep-alive runs as another uid) and the next call relaunches.
                 self._drop_executor()
+                if not self._runtime_alive():
+                    self._gone_reason = "sandbox container is no longer running"
+                    return ExecResult(exit_code=-1, stdout="", stderr=f"sandbox: {self._gone_reason}\n",
+                                      timed_out=False, oom_killed=False,
+                                      duration_s=time.monotonic() - started, truncated=False)
                 return executor_lost_result(argv, started, timed_out=False,
                                             why="the command killed the sandbox executor")
             except ExecutorStuck:
