@@ -205,7 +205,7 @@ class Scheduler:
         while len(self.running) < self.max_batch_size:
             with self._cond:
                 if not self.waiting:
-                    return
+                    break
                 seq = self.waiting.popleft()
             tokens = seq.all_tokens()
             cached_len, past = self.prefix_cache.lookup(tokens, len(tokens) - 1)
@@ -271,16 +271,20 @@ class Scheduler:
             self._drop_rows(done, abort=False)
 
     def _drop_rows(self, rows: list[int], *, abort: bool) -> None:
+        finished = []
         for i in rows:
             seq = self.running[i]
             # the KV covers every token but the last output one (sampled, never fed back)
             kv_tokens = seq.all_tokens()[: self.batch.lengths[i]]
             self.prefix_cache.insert(kv_tokens, self.batch.row(i))
             reason = {"type": "abort", "message": seq.abort_message} if abort else seq.stop_reason
-            self._finish(seq, reason)
-        keep = [i for i in range(len(self.running)) if i not in set(rows)]
+            finished.append((seq, reason))
+        drop = set(rows)
+        keep = [i for i in range(len(self.running)) if i not in drop]
         self.running = [self.running[i] for i in keep]
         self.batch = self.batch.select(keep)
+        for seq, reason in finished:  # notify only once the scheduler's state no longer holds them
+            self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: dict[str, Any] | None) -> None:
         seq.weight_version = self._weight_version()

@@ -46,8 +46,9 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], f
         data = save({name: t.detach().contiguous().cpu() for name, t in items})
         return base64.b64encode(data).decode("ascii")
     if fmt is None:
-        import torch.multiprocessing as mp
-        from torch.multiprocessing.reductions import ForkingPickler
+        from multiprocessing.reduction import ForkingPickler
+
+        import torch.multiprocessing as mp  # registers torch's reductions with ForkingPickler
 
         mp.set_sharing_strategy("file_system")
         buf = io.BytesIO()
@@ -86,13 +87,13 @@ def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str
         except Exception as exc:  # safetensors raises its own error types
             raise ValueError(f"serialized_named_tensors is not a safetensors payload: {exc}") from None
     if fmt is None:
-        import pickle
+        from multiprocessing.reduction import ForkingPickler
 
         import torch.multiprocessing as mp
 
         mp.set_sharing_strategy("file_system")
         try:
-            items = pickle.loads(raw)  # noqa: S301 - trusted trainer, as in SGLang
+            items = ForkingPickler.loads(raw)  # trusted trainer only, as in SGLang
         except Exception as exc:
             raise ValueError(f"serialized_named_tensors could not be unpickled: {exc}") from None
         if isinstance(items, dict):

@@ -1,0 +1,227 @@
+"""Weight updates (disk, tensor, distributed, delta) change weights_checksum and weight_version exactly,
+bitwise equal to the source; failed updates keep the old weights and version; memory release/resume."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from agentrl.engine.weight_loading import update_weights_from_tensor_body, weights_checksum
+
+PROMPT = [1, 30, 31, 32, 33]
+
+
+def load_params(model_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def params_a(tiny_model):
+    return load_params(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def params_b(tiny_model_b):
+    return load_params(tiny_model_b)
+
+
+def checksum(client) -> dict:
+    r = client.get("/weights_checksum")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def reset(client, tiny_model, version: str = "A") -> None:
+    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model), "weight_version": version})
+    assert r.status_code == 200, r.text
+
+
+def assert_unchanged(client, before: dict) -> None:
+    after = checksum(client)
+    assert after["total"] == before["total"] and after["weight_version"] == before["weight_version"]
+
+
+def test_checksum_matches_the_checkpoint_bitwise(client, params_a, tiny_model):
+    reset(client, tiny_model)
+    ours = checksum(client)
+    ref = weights_checksum(params_a.items())
+    assert ours["total"] == ref["total"]
+    assert list(ours["parameters"]) == list(params_a)  # HF named_parameters order
+
+
+def test_update_from_disk(client, tiny_model, tiny_model_b, params_b, hf_logprobs):
+    reset(client, tiny_model)
+    client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model_b), "weight_version": "B"})
+    assert r.status_code == 200 and r.json()["success"]
+    assert checksum(client)["total"] == weights_checksum(params_b.items())["total"]
+    assert client.get("/model_info").json()["model_path"] == str(tiny_model_b)
+    out = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6}, "return_logprob": True}).json()
+    assert out["meta_info"]["weight_version"] == "B"
+    assert out["meta_info"]["cached_tokens"] == 0  # the update flushed the prefix cache
+    from transformers import AutoModelForCausalLM
+
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval()
+    ref = hf_logprobs(model_b, PROMPT, out["output_ids"])
+    ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    assert max(abs(a - b) for a, b in zip(ours, ref, strict=True)) < 1e-5
+
+
+def test_failed_disk_updates_keep_old_weights(client, tiny_model, tmp_path):
+    from agentrl.models.tiny import make_tiny_model
+
+    reset(client, tiny_model)
+    before = checksum(client)
+    r = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope"), "weight_version": "X"})
+    assert r.status_code == 400 and not r.json()["success"] and "nope" in r.json()["message"]
+    assert_unchanged(client, before)
+    other_shape = make_tiny_model(tmp_path / "wide", seed=3, intermediate_size=256)
+    r = client.post("/update_weights_from_disk", json={"model_path": str(other_shape), "weight_version": "X"})
+    assert r.status_code == 400 and "shape mismatch" in r.json()["message"]
+    assert_unchanged(client, before)
+    assert client.get("/model_info").json()["model_path"] == str(tiny_model)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", None])
+def test_update_from_tensor(client, tiny_model, params_b, fmt):
+    reset(client, tiny_model)
+    body = update_weights_from_tensor_body(params_b.items(), weight_version=f"T-{fmt}", fmt=fmt)
+    r = client.post("/update_weights_from_tensor", json=body)
+    assert r.status_code == 200, r.text
+    after = checksum(client)
+    assert after["total"] == weights_checksum(params_b.items())["total"]
+    assert after["weight_version"] == f"T-{fmt}"
+
+
+def test_partial_tensor_update_changes_only_that_tensor(client, tiny_model, params_a):
+    reset(client, tiny_model)
+    before = checksum(client)["parameters"]
+    name = "model.layers.1.mlp.down_proj.weight"
+    new = params_a[name] + 1.0
+    r = client.post("/update_weights_from_tensor", json=update_weights_from_tensor_body([(name, new)], weight_version="P"))
+    assert r.status_code == 200
+    after = checksum(client)["parameters"]
+    assert [n for n in before if before[n] != after[n]] == [name]
+
+
+@pytest.mark.parametrize(
+    ("named", "needle"),
+    [
+        ([("model.not_a_param", torch.zeros(2))], "unknown parameter"),
+        ([("model.norm.weight", torch.zeros(3))], "shape mismatch"),
+        ([("model.norm.weight", torch.zeros(128)), ("lm_head.bogus", torch.zeros(1))], "unknown parameter"),
+    ],
+)
+def test_bad_tensor_updates_keep_old_weights(client, tiny_model, named, needle):
+    reset(client, tiny_model)
+    before = checksum(client)
+    r = client.post("/update_weights_from_tensor", json=update_weights_from_tensor_body(named, weight_version="bad"))
+    assert r.status_code == 400 and needle in r.json()["message"]
+    assert_unchanged(client, before)
+    r = client.post("/update_weights_from_tensor", json={"serialized_named_tensors": ["@@not base64@@"], "load_format": "safetensors"})
+    assert r.status_code == 400 and "base64" in r.json()["message"]
+    assert_unchanged(client, before)
+
+
+def test_delta_update_and_rejections(client, tiny_model, params_a, params_b, tmp_path):
+    encode = pytest.importorskip("agentrl.weights.delta").encode_delta
+    reset(client, tiny_model, version="A")
+    triples = [(n, params_a[n], params_b[n]) for n in params_a]
+    payload, _ = encode(triples, base_version="A", new_version="B")
+    path = tmp_path / "a_to_b.delta"
+    path.write_bytes(payload)
+    r = client.post("/update_weights_from_delta", json={"path": str(path), "weight_version": "B", "base_version": "A"})
+    assert r.status_code == 200, r.text
+    after = checksum(client)
+    assert after["total"] == weights_checksum(params_b.items())["total"] and after["weight_version"] == "B"
+    # replaying it (based on A, engine holds B) is out of order: 409, nothing changes
+    r = client.post("/update_weights_from_delta", json={"path": str(path), "weight_version": "B2"})
+    assert r.status_code == 409, r.text
+    assert_unchanged(client, after)
+    r = client.post("/update_weights_from_delta", json={"path": str(path), "base_version": "A"})
+    assert r.status_code == 409
+    # a corrupt payload: 400, nothing changes
+    reset(client, tiny_model, version="A")
+    before = checksum(client)
+    broken = bytearray(payload)
+    broken[len(broken) // 2] ^= 0xFF
+    bad = tmp_path / "broken.delta"
+    bad.write_bytes(bytes(broken))
+    r = client.post("/update_weights_from_delta", json={"path": str(bad), "weight_version": "B"})
+    assert r.status_code == 400 and "old weights kept" in r.json()["message"]
+    assert_unchanged(client, before)
+    r = client.post("/update_weights_from_delta", json={"path": str(tmp_path / "missing.delta")})
+    assert r.status_code == 400 and "cannot read" in r.json()["error"]["message"]
+
+
+def test_release_and_resume_memory(client, tiny_model):
+    reset(client, tiny_model)
+    before = checksum(client)
+    assert client.post("/release_memory_occupation", json={"tags": ["weights", "kv_cache"]}).json()["success"]
+    r = client.post("/generate", json={"input_ids": PROMPT})
+    assert r.status_code == 503 and "resume_memory_occupation" in r.json()["error"]["message"]
+    assert client.get("/weights_checksum").status_code == 503
+    assert client.get("/health").status_code == 200
+    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model)})
+    assert r.status_code == 400 and "released" in r.json()["message"]
+    assert client.post("/resume_memory_occupation", json={}).json()["success"]
+    assert_unchanged(client, before)
+    assert client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+    r = client.post("/release_memory_occupation", json={"tags": ["gpu_cache_of_doom"]})
+    assert r.status_code == 400 and "unknown memory tag" in r.json()["message"]
+
+
+def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model, params_a, params_b):
+    """The engine runs in its own process (rank 1); this process is the trainer (rank 0)."""
+    from agentrl.engine.launch import EngineProcess, free_port
+    from agentrl.engine.weight_group import broadcast, destroy_group, init_custom_process_group
+
+    port = free_port()
+    with EngineProcess(tiny_model) as eng, httpx.Client(base_url=eng.url, timeout=120) as client:
+        replies: dict[str, httpx.Response] = {}
+
+        def call(key: str, path: str, body: dict) -> threading.Thread:
+            t = threading.Thread(target=lambda: replies.__setitem__(key, client.post(path, json=body)))
+            t.start()
+            return t
+
+        init = call("init", "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+            "group_name": "test_group", "backend": "gloo",
+        })
+        group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", world_size=2, rank=0, group_name="test_group")
+        init.join()
+        assert replies["init"].status_code == 200, replies["init"].text
+        assert client.get("/health").status_code == 200
+        names = list(params_b)
+        update = call("update", "/update_weights_from_distributed", {
+            "names": names, "dtypes": ["float32"] * len(names), "shapes": [list(params_b[n].shape) for n in names],
+            "group_name": "test_group", "weight_version": "D1",
+        })
+        for n in names:
+            broadcast(params_b[n].contiguous(), group, src=0)
+        update.join()
+        assert replies["update"].status_code == 200, replies["update"].text
+        after = client.get("/weights_checksum").json()
+        assert after["total"] == weights_checksum(params_b.items())["total"]
+        assert after["weight_version"] == "D1"
+        # a call naming a wrong shape fails before any broadcast is expected; weights stay
+        r = client.post("/update_weights_from_distributed", json={
+            "names": [names[0]], "dtypes": ["float32"], "shapes": [[3, 3]], "group_name": "test_group", "weight_version": "D2",
+        })
+        assert r.status_code == 400 and "shape mismatch" in r.json()["message"]
+        assert client.get("/weights_checksum").json()["weight_version"] == "D1"
+        assert client.post("/destroy_weights_update_group", json={"group_name": "test_group"}).status_code == 200
+        destroy_group(group)
+        # SGLang's default tensor format across processes: CPU tensors travel through shared memory
+        body = update_weights_from_tensor_body(params_a.items(), weight_version="mp", fmt=None)
+        r = client.post("/update_weights_from_tensor", json=body)
+        assert r.status_code == 200, r.text
+        assert client.get("/weights_checksum").json()["total"] == weights_checksum(params_a.items())["total"]
