@@ -6,7 +6,7 @@ broadcast sync fast: one IPC handle, one shared-memory segment or one collective
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,42 +72,53 @@ def make_buckets(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     device: torch.device | str | None = None,
+    allocate: Callable[[int, torch.dtype, int], torch.Tensor] | None = None,
 ) -> Iterator[Bucket]:
     """Group tensors by dtype into flat buckets of at most ``bucket_bytes`` (a larger tensor gets its own).
 
-    Streams: a bucket is yielded as soon as it is full, so at most one open bucket per dtype is held.
     Tensors keep their relative order within a dtype. ``device``: where buckets are built (default: the
-    first tensor's device).
+    first tensor's device). ``allocate(bucket_index, dtype, numel)``: returns the flat tensor to fill
+    (e.g. a persistent shared-memory or CUDA staging buffer) instead of a fresh one.
     """
     import torch
 
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    pending: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-    pending_bytes: dict[torch.dtype, int] = {}
-
-    def flush(dtype: torch.dtype) -> Bucket:
-        items = pending.pop(dtype)
-        pending_bytes.pop(dtype)
-        target = device if device is not None else items[0][1].device
+    for index, items in enumerate(plan_buckets(named_tensors, bucket_bytes=bucket_bytes)):
+        dtype = items[0][1].dtype
         total = sum(t.numel() for _, t in items)
-        flat = torch.empty(total, dtype=dtype, device=target)
+        if allocate is not None:
+            flat = allocate(index, dtype, total)
+        else:
+            flat = torch.empty(total, dtype=dtype, device=device if device is not None else items[0][1].device)
         entries, offset = [], 0
         for name, t in items:
             flat[offset : offset + t.numel()].copy_(t.detach().reshape(-1))
             entries.append(BucketEntry(name, tuple(t.shape), offset, t.numel()))
             offset += t.numel()
-        return Bucket(flat, entries)
+        yield Bucket(flat, entries)
 
+
+def plan_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group tensors (without copying) into per-dtype groups of at most ``bucket_bytes`` each.
+
+    The same grouping as :func:`make_buckets`, in the order buckets are completed.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    groups: list[list[tuple[str, torch.Tensor]]] = []
+    pending: dict[Any, list[tuple[str, torch.Tensor]]] = {}
+    pending_bytes: dict[Any, int] = {}
     for name, tensor in named_tensors:
         size = tensor.numel() * tensor.element_size()
         dtype = tensor.dtype
         if dtype in pending and pending_bytes[dtype] + size > bucket_bytes:
-            yield flush(dtype)
+            groups.append(pending.pop(dtype))
+            pending_bytes.pop(dtype)
         pending.setdefault(dtype, []).append((name, tensor))
         pending_bytes[dtype] = pending_bytes.get(dtype, 0) + size
-    for dtype in list(pending):
-        yield flush(dtype)
+    groups.extend(pending.values())
+    return groups
 
 
 def unique_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

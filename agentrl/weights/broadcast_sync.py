@@ -1,0 +1,149 @@
+"""Broadcast mode: a process group between the trainer (rank 0) and the engines, one call per bucket.
+
+On the first sync the sender opens a custom process group (not the default one, so a trainer that has
+its own torch.distributed world can still do this) with every engine via ``/init_weights_update_group``
+-- engine ``i`` joins as rank ``1 + i`` -- using the same helper the engine uses
+(:func:`agentrl.engine.weight_group.init_custom_process_group`, SGLang's). Each sync then groups the
+tensors into buckets of ``bucket_bytes`` and, per bucket, posts ``/update_weights_from_distributed``
+(names, dtypes, shapes) to every engine while broadcasting the bucket's tensors from rank 0 in that
+order. ``gloo`` on CPU (tested here), ``nccl`` when the tensors are on the GPU.
+
+The engine protocol broadcasts tensor by tensor (SGLang's default ``load_format``); a flattened
+one-collective-per-bucket variant needs engine support (SGLang's ``flattened_bucket``).
+An engine that refuses a bucket before joining its broadcast leaves rank 0 waiting until the group
+timeout (``group_timeout_s``); then the sync fails and the group is torn down.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets, unique_named_tensors
+from agentrl.weights.engines import collect, raise_errors
+from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BroadcastSync(WeightSync):
+    """``broadcast`` mode (see module doc). ``backend``: ``gloo``/``nccl`` (default: by tensor device)."""
+
+    mode = "broadcast"
+
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        backend: str | None = None,
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        group_name: str = "agentrl_weight_sync",
+        group_timeout_s: float = 600.0,
+        flush_cache: bool = True,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(engine_urls, timeout=timeout)
+        self.bucket_bytes = bucket_bytes
+        self.backend = backend
+        self.master_address = master_address
+        self.master_port = master_port
+        self.group_name = group_name
+        self.group_timeout = timedelta(seconds=group_timeout_s)
+        self.flush_cache = flush_cache
+        self.group: Any = None
+
+    def _open_group(self, backend: str) -> None:
+        from agentrl.engine.weight_group import init_custom_process_group
+
+        port = self.master_port or free_port(self.master_address)
+        world_size = 1 + len(self.engine_urls)
+        futures = [
+            self.engines.submit(
+                url,
+                "/init_weights_update_group",
+                {
+                    "master_address": self.master_address,
+                    "master_port": port,
+                    "rank_offset": 1 + i,
+                    "world_size": world_size,
+                    "group_name": self.group_name,
+                    "backend": backend,
+                },
+            )
+            for i, url in enumerate(self.engine_urls)
+        ]
+        try:
+            self.group = init_custom_process_group(
+                backend,
+                f"tcp://{self.master_address}:{port}",
+                world_size=world_size,
+                rank=0,
+                group_name=self.group_name,
+                timeout=self.group_timeout,
+            )
+        finally:
+            results = collect(self.engine_urls, futures)
+        raise_errors(results)
+
+    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        from agentrl.engine.weight_group import broadcast
+
+        unique = unique_named_tensors(tensors)
+        backend = self.backend or ("nccl" if unique and unique[0][1].is_cuda else "gloo")
+        try:
+            if self.group is None:
+                self._open_group(backend)
+            buckets = plan_buckets(unique, bucket_bytes=self.bucket_bytes)
+            sent = 0
+            for i, bucket in enumerate(buckets):
+                last = i == len(buckets) - 1
+                body = {
+                    "names": [n for n, _ in bucket],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket],
+                    "group_name": self.group_name,
+                    "flush_cache": self.flush_cache and last,
+                    "weight_version": weight_version if last else None,
+                }
+                futures = [self.engines.submit(url, "/update_weights_from_distributed", body) for url in self.engine_urls]
+                for _, t in bucket:
+                    broadcast(t.detach().contiguous(), self.group, src=0)
+                    sent += t.numel() * t.element_size()
+                raise_errors(collect(self.engine_urls, futures))
+        except Exception as exc:
+            self._close_group()
+            raise WeightSyncError(f"broadcast sync of {weight_version!r} failed: {exc}") from exc
+        return SyncReport(
+            self.mode,
+            weight_version,
+            sent,
+            full_bytes(tensors),
+            0.0,
+            details={"backend": backend, "buckets": len(buckets), "world_size": 1 + len(self.engine_urls)},
+        )
+
+    def _close_group(self) -> None:
+        if self.group is None:
+            return
+        from agentrl.engine.weight_group import destroy_group
+
+        self.engines.call_all("/destroy_weights_update_group", {"group_name": self.group_name})
+        destroy_group(self.group)
+        self.group = None
+
+    def close(self) -> None:
+        try:
+            self._close_group()
+        finally:
+            super().close()

@@ -1,0 +1,147 @@
+"""Tensor mode: flattened per-dtype buckets handed to ``/update_weights_from_tensor`` without a disk trip.
+
+Transports (``transport=``):
+
+* ``"shm"`` (CPU, same host): each bucket lives in a shared-memory segment; the request carries only
+  pickled handles (SGLang's ``MultiprocessingSerializer`` format, ``load_format: null``) to per-tensor
+  views of it, so the engine maps the segment and copies straight out of it.
+* ``"cuda_ipc"`` (GPU, colocated): the same request with buckets on the GPU; torch's reductions turn
+  each bucket's storage into one CUDA IPC handle. Buckets are persistent staging buffers reused across
+  syncs, so the engine opens each handle once (torch caches opened handles by storage) and later syncs
+  are device-to-device copies. Needs the engine on the same GPU(s); cannot run on CPU-only machines.
+* ``"safetensors"`` (any host): each bucket serialised into the HTTP body (one extra copy).
+
+The version is set with the last bucket only, so engines report the new version only once they hold
+every bucket. Buckets are kept alive until the engines answer (the engine reads from them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, make_buckets, unique_named_tensors
+from agentrl.weights.engines import raise_errors
+from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+TRANSPORTS = ("shm", "cuda_ipc", "safetensors")
+
+
+def serialize(named_tensors: list[tuple[str, torch.Tensor]], fmt: str | None) -> str:
+    """One ``serialized_named_tensors`` entry as :mod:`agentrl.engine.weight_loading` reads it.
+
+    ``fmt=None`` is SGLang's ``MultiprocessingSerializer``: base64 of a ``ForkingPickler`` dump, in which
+    torch's reductions replace CPU storages by shared-memory handles (``file_system`` strategy, so the
+    handle is a file name any process can open) and CUDA storages by CUDA IPC handles.
+    """
+    import base64
+
+    if fmt == "safetensors":
+        from safetensors.torch import save
+
+        data = save({name: t.detach().contiguous().cpu() for name, t in named_tensors})
+        return base64.b64encode(data).decode("ascii")
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as mp  # registers torch's storage reductions with ForkingPickler
+
+    mp.set_sharing_strategy("file_system")
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(name, t.detach()) for name, t in named_tensors])
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class StagingBuffers:
+    """Bucket buffers kept across syncs (same layout each time), so handles stay valid and open once."""
+
+    def __init__(self, device: str, *, shared: bool) -> None:
+        self.device = device
+        self.shared = shared
+        self._buffers: dict[tuple[int, str, int], torch.Tensor] = {}
+
+    def allocate(self, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Persistent buffer ``index`` for a bucket of ``numel`` elements of ``dtype`` (made on first use)."""
+        key = (index, str(dtype), numel)
+        buf = self._buffers.get(key)
+        if buf is None:
+            import torch
+
+            buf = torch.empty(numel, dtype=dtype, device=self.device)
+            if self.shared and buf.device.type == "cpu":
+                buf.share_memory_()
+            self._buffers[key] = buf
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+class TensorSync(WeightSync):
+    """``tensor`` mode (see module doc). ``bucket_bytes``: size of one flattened bucket."""
+
+    mode = "tensor"
+
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        *,
+        transport: str = "shm",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        device: str | None = None,
+        flush_cache: bool = True,
+        timeout: float = 600.0,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown tensor transport {transport!r}; choose from {TRANSPORTS}")
+        super().__init__(engine_urls, timeout=timeout)
+        self.transport = transport
+        self.bucket_bytes = bucket_bytes
+        self.flush_cache = flush_cache
+        staging_device = device or ("cuda" if transport == "cuda_ipc" else "cpu")
+        self.staging = StagingBuffers(staging_device, shared=transport == "shm")
+
+    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        fmt = "safetensors" if self.transport == "safetensors" else None
+        unique = unique_named_tensors(tensors)
+        allocate = None if fmt == "safetensors" else self.staging.allocate
+        buckets = list(make_buckets(unique, bucket_bytes=self.bucket_bytes, allocate=allocate))
+        sent = 0
+        for i, staged in enumerate(buckets):
+            if staged.flat.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(staged.flat.device)  # copies must land before the engine reads
+            last = i == len(buckets) - 1
+            body = {
+                "serialized_named_tensors": [serialize(staged.named_tensors(), fmt)],
+                "load_format": fmt,
+                "flush_cache": self.flush_cache and last,
+                "weight_version": weight_version if last else None,
+            }
+            try:
+                raise_errors(self.engines.call_all("/update_weights_from_tensor", body))
+            except Exception as exc:
+                raise WeightSyncError(f"tensor sync of {weight_version!r}, bucket {i}: {exc}") from exc
+            sent += staged.nbytes if fmt is None else len(body["serialized_named_tensors"][0])
+        if not buckets:
+            self.engines.call_all("/update_weight_version", {"new_version": weight_version})
+        return SyncReport(
+            self.mode,
+            weight_version,
+            sent,
+            full_bytes(tensors),
+            0.0,
+            details={"transport": self.transport, "buckets": len(buckets), "staging_bytes": self.staging.nbytes},
+        )
+
+    def close(self) -> None:
+        super().close()
+        self.staging.clear()
