@@ -1,0 +1,97 @@
+"""Data buffer between rollout and training: GRPO groups in, training batches out.
+
+Groups are kept whole (a GRPO advantage needs every sample of its group). A filter plug-in decides which
+groups are worth training on; the default drops groups whose rewards all agree (zero variance → zero
+advantage, DAPO's dynamic sampling). The cursor (groups handed out so far) is part of checkpoints, so a
+resumed run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from agentrl.trajectory import Sample
+
+GroupFilter = Callable[[list[Sample]], bool]
+
+
+def has_reward_variance(group: list[Sample]) -> bool:
+    """Keep a group only if its samples' rewards differ (otherwise every advantage is zero)."""
+    return len({s.reward for s in group}) > 1
+
+
+def keep_all(group: list[Sample]) -> bool:
+    return True
+
+
+class DataBuffer:
+    """Holds complete GRPO groups (samples sharing ``group_id``) until the trainer takes them."""
+
+    def __init__(self, group_filter: GroupFilter = has_reward_variance) -> None:
+        self._groups: OrderedDict[str, list[Sample]] = OrderedDict()
+        self._filter = group_filter
+        self.groups_added = 0
+        self.groups_dropped = 0
+        self.cursor = 0  # groups handed to the trainer so far
+
+    def add_groups(self, groups: Iterable[list[Sample]]) -> None:
+        for group in groups:
+            if not group:
+                continue
+            group_id = group[0].group_id
+            if any(s.group_id != group_id for s in group):
+                raise ValueError(f"group mixes group ids: {sorted({str(s.group_id) for s in group})}")
+            self.groups_added += 1
+            if not self._filter(group):
+                self.groups_dropped += 1
+                continue
+            self._groups.setdefault(str(group_id), []).extend(group)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def take(self, n_groups: int | None = None) -> list[Sample]:
+        """Remove and return up to ``n_groups`` whole groups (all of them when None), oldest first."""
+        n = len(self._groups) if n_groups is None else min(n_groups, len(self._groups))
+        samples: list[Sample] = []
+        for _ in range(n):
+            _, group = self._groups.popitem(last=False)
+            samples.extend(group)
+        self.cursor += n
+        return samples
+
+    def state_dict(self) -> dict:
+        return {
+            "cursor": self.cursor,
+            "groups_added": self.groups_added,
+            "groups_dropped": self.groups_dropped,
+            "pending": [[s.to_dict() for s in g] for g in self._groups.values()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = state["cursor"]
+        self.groups_added = state["groups_added"]
+        self.groups_dropped = state["groups_dropped"]
+        self._groups.clear()
+        for group in state["pending"]:
+            samples = [Sample.from_dict(d) for d in group]
+            self._groups[str(samples[0].group_id)] = samples
+
+
+def save_samples_jsonl(samples: Iterable[Sample], path: str | Path) -> int:
+    """Write samples one JSON object per line; returns the count (rollout-only debug mode)."""
+    n = 0
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(json.dumps(s.to_dict()) + "\n")
+            n += 1
+    return n
+
+
+def load_samples_jsonl(path: str | Path) -> list[Sample]:
+    """Read samples written by :func:`save_samples_jsonl` (train-only debug mode)."""
+    with open(path) as f:
+        return [Sample.from_dict(json.loads(line)) for line in f if line.strip()]

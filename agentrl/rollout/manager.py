@@ -1,0 +1,153 @@
+"""The rollout side of a run: embedded engines behind the smg router, the agent loop, GRPO groups out.
+
+One object owns every process it starts (engines, router) and stops them on :meth:`shutdown`. The agent
+loop is :func:`agentrl.envs.generate_rollout` unless a ``rollout_function`` dotted path replaces it
+(same signature), so users change how episodes run without forking agentrl.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs import Environment, load_function
+from agentrl.trajectory import Sample, TrajectoryManager
+
+
+@dataclass
+class RolloutSettings:
+    num_engines: int = 2
+    dtype: str = "float32"
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    concurrency: int = 64
+    policy: str = "realign"
+    rollout_function: str | None = None
+    engine_args: Sequence[str] = ()
+
+
+@dataclass
+class RolloutBatch:
+    groups: list[list[Sample]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutManager:
+    """Start engines + router for ``model_dir``; run episodes of ``env_factory`` through them."""
+
+    def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
+                 settings: RolloutSettings | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        from agentrl.envs.render import ChatRenderer
+
+        self.model_dir = str(model_dir)
+        self.env_factory = env_factory
+        self.settings = settings or RolloutSettings()
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.renderer = ChatRenderer(tokenizer)
+        self.max_context_tokens = _context_length(self.model_dir)
+        self.engines: list[Any] = []
+        self.router: Any = None
+        self._client: Any = None
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> RolloutManager:
+        from agentrl.engine.launch import EngineProcess
+        from agentrl.rollout.router import SmgRouter
+
+        try:
+            self.engines = [
+                EngineProcess(self.model_dir, dtype=self.settings.dtype, extra_args=self.settings.engine_args)
+                for _ in range(self.settings.num_engines)
+            ]
+            for engine in self.engines:
+                engine.start()
+            for engine in self.engines:
+                engine.wait_healthy(timeout)
+            self.router = SmgRouter([e.url for e in self.engines]).start(timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return [e.url for e in self.engines]
+
+    async def aclose_client(self) -> None:
+        """Close the HTTP pool; call from the event loop that used it, before :meth:`shutdown`."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def shutdown(self) -> None:
+        """Stop the router and every engine this manager started."""
+        self._client = None
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        for engine in self.engines:
+            engine.stop()
+        self.engines = []
+
+    def __enter__(self) -> RolloutManager:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def client(self) -> Any:
+        from agentrl.rollout.client import RolloutClient
+
+        if self._client is None:
+            self._client = RolloutClient(self.router.url)
+        return self._client
+
+    # -- episodes ------------------------------------------------------------------------------
+
+    async def rollout(self, tasks: Sequence[Any], samples_per_task: int, *, temperature: float | None = None,
+                      max_new_tokens: int | None = None) -> RolloutBatch:
+        """Run ``samples_per_task`` episodes per task; return their GRPO groups and rollout metrics."""
+        from agentrl.envs import generate_rollout
+
+        play = load_function(self.settings.rollout_function) if self.settings.rollout_function else generate_rollout
+        sampling = {
+            "temperature": self.settings.temperature if temperature is None else temperature,
+            "max_new_tokens": max_new_tokens or self.settings.max_new_tokens,
+        }
+        manager = TrajectoryManager(policy=self.settings.policy)
+        started = time.perf_counter()
+        result = await play(
+            self.env_factory, tasks, self.client().generate_turn, self.renderer,
+            n_samples_per_task=samples_per_task, concurrency=self.settings.concurrency,
+            sampling_params=sampling, trajectory_manager=manager, max_context_tokens=self.max_context_tokens,
+        )
+        seconds = time.perf_counter() - started
+        groups = [[s for episode in group for s in episode.samples] for group in result.groups]
+        metrics = {f"rollout/{k}": float(v) for k, v in result.summary().items()}
+        generated = sum(e.metrics.generated_tokens for e in result.episodes)
+        drift: dict[str, int] = {}
+        for episode in result.episodes:
+            for outcome, count in episode.metrics.drift.items():
+                drift[outcome] = drift.get(outcome, 0) + count
+        metrics.update({f"drift/{k}": float(v) for k, v in drift.items()})
+        metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
+        return RolloutBatch(groups=[g for g in groups if g], metrics=metrics)
+
+    async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
+        """Greedy held-out accuracy: mean reward of one episode per task at temperature 0."""
+        batch = await self.rollout(tasks, 1, temperature=0.0)
+        rewards = [g[0].reward for g in batch.groups]
+        return {"eval_accuracy": sum(rewards) / max(len(tasks), 1), "eval_episodes": float(len(rewards))}
+
+
+def _context_length(model_dir: str) -> int | None:
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("max_position_embeddings")

@@ -1,0 +1,67 @@
+"""DataBuffer keeps GRPO groups whole, filters zero-variance groups and survives a checkpoint round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.rollout.buffer import (
+    DataBuffer,
+    has_reward_variance,
+    keep_all,
+    load_samples_jsonl,
+    save_samples_jsonl,
+)
+from agentrl.trajectory import Provenance, Sample, TokenProvenance
+
+
+def _sample(group: str, reward: float, n_prompt: int = 2, n_resp: int = 3) -> Sample:
+    prov = [TokenProvenance("prompt", 0, None)] * n_prompt + [TokenProvenance("model", 0, "1")] * n_resp
+    return Sample(
+        tokens=list(range(n_prompt + n_resp)), response_start=n_prompt, loss_mask=[1] * n_resp,
+        rollout_logprobs=[-0.5] * n_resp, provenance=Provenance.from_entries(prov), reward=reward, group_id=group,
+    )
+
+
+def test_zero_variance_groups_are_dropped_and_counted() -> None:
+    buf = DataBuffer()
+    buf.add_groups([[_sample("a", 1.0), _sample("a", 0.0)], [_sample("b", 1.0), _sample("b", 1.0)]])
+    assert len(buf) == 1 and buf.groups_added == 2 and buf.groups_dropped == 1
+    assert {s.group_id for s in buf.take()} == {"a"}
+
+
+def test_take_returns_whole_groups_oldest_first_and_advances_cursor() -> None:
+    buf = DataBuffer(group_filter=keep_all)
+    buf.add_groups([[_sample(g, r) for r in (0.0, 1.0, 0.5)] for g in "xyz"])
+    first = buf.take(2)
+    assert [s.group_id for s in first] == ["x"] * 3 + ["y"] * 3
+    assert buf.cursor == 2 and len(buf) == 1
+    assert [s.group_id for s in buf.take()] == ["z"] * 3 and buf.cursor == 3
+
+
+def test_a_group_mixing_ids_is_rejected_without_losing_earlier_groups() -> None:
+    buf = DataBuffer(group_filter=keep_all)
+    buf.add_groups([[_sample("a", 0.0), _sample("a", 1.0)]])
+    with pytest.raises(ValueError, match="mixes group ids"):
+        buf.add_groups([[_sample("b", 0.0), _sample("c", 1.0)]])
+    assert len(buf) == 1
+
+
+def test_state_dict_round_trip_restores_pending_groups_and_cursor() -> None:
+    buf = DataBuffer()
+    buf.add_groups([[_sample("a", 0.0), _sample("a", 1.0)], [_sample("b", 0.0), _sample("b", 1.0)]])
+    buf.take(1)
+    restored = DataBuffer()
+    restored.load_state_dict(buf.state_dict())
+    assert restored.cursor == 1 and len(restored) == 1
+    assert [s.to_dict() for s in restored.take()] == [s.to_dict() for s in buf.take()]
+
+
+def test_jsonl_round_trip(tmp_path) -> None:
+    samples = [_sample("a", 0.0), _sample("b", 1.0)]
+    assert save_samples_jsonl(samples, tmp_path / "s.jsonl") == 2
+    assert [s.to_dict() for s in load_samples_jsonl(tmp_path / "s.jsonl")] == [s.to_dict() for s in samples]
+
+
+def test_has_reward_variance() -> None:
+    assert has_reward_variance([_sample("a", 0.0), _sample("a", 1.0)])
+    assert not has_reward_variance([_sample("a", 1.0), _sample("a", 1.0)])
