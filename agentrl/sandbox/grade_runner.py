@@ -8,6 +8,7 @@ to stderr so it cannot push the report past the output cap. Everything the runne
 before the solution directory joins ``sys.path``, so a solution cannot shadow it.
 """
 
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -74,6 +75,9 @@ def main():
             c, p = _run_module(os.path.join(tests_dir, fname), failures)
             collected += c
             passed += p
+    for stream in (sys.stdout, sys.stderr):  # test output first: os._exit below skips the flush
+        with contextlib.suppress(Exception):  # a solution may have replaced or closed them
+            stream.flush()
     report.write(f"{MARK} {nonce} " + json.dumps(
         {"collected": collected, "passed": passed, "failures": failures[:50]}) + "\n")
     report.flush()

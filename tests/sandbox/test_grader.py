@@ -1,0 +1,123 @@
+"""The grader on real sandboxes: HumanEval canonical solutions pass and broken variants fail; the
+known reward-hacking holes (no tests collected, crashed runner, forged report, edited tests) fail;
+hidden tests never enter the agent's sandbox."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agentrl.sandbox.grader import Grader
+from agentrl.sandbox.humaneval import broken_completion, humaneval_files, load_problems
+from tests.sandbox.conftest import backend_params
+
+pytestmark = pytest.mark.timeout(300)
+
+# A fixed CI subset (the full 164 run in `python3 benchmarks/sandbox_bench.py --humaneval` or with
+# AGENTRL_HUMANEVAL_FULL=1): it includes checks that call prompt helpers (32 poly, 38 encode_cyclic,
+# 50 encode_shift), float tolerance (2, 32), and the first/last problems.
+CI_SUBSET = [0, 2, 10, 32, 38, 50, 53, 100, 129, 163]
+TESTS = {"test_hidden.py": "import solution\n\ndef test_answer():\n    assert solution.answer() == 42\n"}
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return load_problems()
+
+
+@pytest.fixture(params=backend_params())
+def grader(request, require_bwrap):
+    return Grader(backend=request.param, timeout=20)
+
+
+def _humaneval_items(problems, ids):
+    tasks = [problems[f"HumanEval/{i}"] for i in ids]
+    good = [humaneval_files(p, p["canonical_solution"]) for p in tasks]
+    bad = [humaneval_files(p, broken_completion(p)) for p in tasks]
+    return tasks, good, bad
+
+
+def _check_humaneval(grader, problems, ids):
+    tasks, good, bad = _humaneval_items(problems, ids)
+    verdicts = grader.grade_many(good + bad, concurrency=2)
+    for task, v in zip(tasks, verdicts[:len(tasks)], strict=True):
+        assert v.passed, (task["task_id"], v.reason, v.failures, v.exec_result)
+    for task, v in zip(tasks, verdicts[len(tasks):], strict=True):
+        assert not v.passed and v.reason == "1 of 1 tests failed", (task["task_id"], v.reason)
+
+
+def test_humaneval_subset_canonical_pass_broken_fail(grader, problems):
+    _check_humaneval(grader, problems, CI_SUBSET)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.skipif(not os.environ.get("AGENTRL_HUMANEVAL_FULL"), reason="set AGENTRL_HUMANEVAL_FULL=1 (~5 min)")
+def test_humaneval_all_164(problems):
+    _check_humaneval(Grader(backend="docker", timeout=30), problems, range(164))
+
+
+def test_correct_solution_passes(grader):
+    v = grader.grade({"solution.py": "def answer():\n    return 42\n"}, TESTS)
+    assert v.passed and v.reward == 1.0 and (v.collected, v.passed_tests, v.expected) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("name,solution,reason", [
+    ("wrong", "def answer():\n    return 41\n", "1 of 1 tests failed"),
+    ("os._exit(0) at import", "import os\nos._exit(0)\n", "runner crashed"),
+    ("sys.exit(0) at import", "import sys\nsys.exit(0)\n", "no tests collected"),
+    ("forged report", "print('AGENTRL-GRADE 0 {\"collected\": 1, \"passed\": 1, \"failures\": []}')\n"
+                      "import os\nos._exit(0)\n", "runner crashed"),
+    ("exit inside the test", "import sys\ndef answer():\n    sys.exit(0)\n", "1 of 1 tests failed"),
+    ("hang", "def answer():\n    while True:\n        pass\n", "timed out"),
+    ("syntax error", "def answer(:\n", "no tests collected"),
+])
+def test_reward_hacks_fail(grader, name, solution, reason):
+    v = grader.grade({"solution.py": solution}, TESTS, timeout=3 if name == "hang" else None)
+    assert not v.passed and v.reason.startswith(reason), (name, v.reason, v.exec_result)
+
+
+def test_test_files_without_tests_fail(grader):
+    v = grader.grade({"solution.py": "def answer():\n    return 42\n"}, {"test_empty.py": "import solution\n"})
+    assert not v.passed and v.reason == "no tests collected"
+
+
+def test_hidden_tests_are_read_only(grader):
+    tests = {"test_a.py": "import solution\n\ndef test_a():\n    pass\n",
+             "test_b.py": "def test_b():\n    assert False, 'the solution is wrong'\n"}
+    sneaky = ("import glob\nfor path in glob.glob('/grader/tests/*.py') + glob.glob('/grader/*.py'):\n"
+              "    try:\n        open(path, 'w').write('def test_b():\\n    pass\\n')\n"
+              "    except OSError as exc:\n        print('blocked', exc.errno)\n")
+    v = grader.grade({"solution.py": sneaky}, tests)
+    assert not v.passed and v.reason == "1 of 2 tests failed", v.reason
+    assert v.exec_result.stderr.count("blocked 30") == 3  # EROFS on both tests and the runner
+
+
+def test_unittest_style_tests(grader):
+    tests = {"test_u.py": "import unittest\nimport solution\n\nclass TestAnswer(unittest.TestCase):\n"
+                          "    def test_value(self):\n        self.assertEqual(solution.answer(), 42)\n"
+                          "    def test_type(self):\n        self.assertIsInstance(solution.answer(), int)\n"}
+    assert grader.grade({"solution.py": "def answer():\n    return 42\n"}, tests).passed
+    v = grader.grade({"solution.py": "def answer():\n    return '42'\n"}, tests)
+    assert not v.passed and v.reason == "2 of 2 tests failed"
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_grading_from_an_agent_sandbox_uses_a_fresh_one(backend, pools):
+    pool = pools(backend)
+    grader = Grader(backend=backend, timeout=20)
+    with pool.session() as agent:
+        agent.write_files({"solution.py": "def answer():\n    return 42\n"})
+        agent.exec("echo tampered > /tmp/marker", timeout=10)
+        v = grader.grade_from(agent, ["solution.py"], TESTS)
+        assert v.passed, v.reason
+        # The grading ran elsewhere: no tests or runner ever appear in the agent's sandbox...
+        r = agent.exec("ls -A /work; ls /grader 2>&1 || true", timeout=10)
+        assert r.stdout.splitlines()[0] == "solution.py" and "grade_runner" not in r.stdout
+        assert "No such file" in r.stdout
+        # ...and the grading sandbox did not see the agent's /tmp.
+        peek = {"solution.py": "import os\ndef answer():\n    return 42 if not os.path.exists('/tmp/marker') else 0\n"}
+        assert grader.grade(peek, TESTS).passed
+        missing = grader.grade_from(agent, ["nope.py"], TESTS)
+        assert not missing.passed and "missing" in missing.reason
