@@ -8,6 +8,7 @@ that calls no tool, stops on ``self.done`` or a limit, then awaits ``reward()`` 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Awaitable
@@ -41,6 +42,9 @@ class Environment:
     max_total_tokens: ClassVar[int | None] = None
     max_context_tokens: ClassVar[int | None] = None
     max_tool_output_chars: ClassVar[int] = 4000
+    # Seconds an async tool may run before the model is told it timed out (sync tools run inline and
+    # cannot be interrupted: make slow tools async).
+    tool_timeout_s: ClassVar[float | None] = None
     tools: ClassVar[dict[str, ToolSpec]] = {}
 
     # Per-episode state, as class-level defaults so a subclass ``__init__`` need not call super().
@@ -91,7 +95,8 @@ class Environment:
 
     async def call_tool(self, call: ToolCall) -> str:
         """Run one call and return its result as text. Raises :class:`ToolCallError` with a message
-        for the model when the tool is unknown, the arguments do not match its schema, or it raised."""
+        for the model when the tool is unknown, the arguments do not match its schema, it raised, or
+        it ran past ``tool_timeout_s``."""
         spec = self.tools.get(call.name)
         if spec is None:
             known = ", ".join(sorted(self.tools)) or "none"
@@ -101,7 +106,11 @@ class Environment:
         except ToolArgumentError as err:
             raise ToolCallError(str(err)) from None
         try:
-            result = await maybe_await(spec.function(self, **kwargs))
+            result = spec.function(self, **kwargs)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, self.tool_timeout_s)
+        except TimeoutError:
+            raise ToolCallError(f"tool {call.name!r} timed out after {self.tool_timeout_s} s") from None
         except Exception as err:  # a tool's failure is information for the model, not a crash
             raise ToolCallError(f"tool {call.name!r} failed: {type(err).__name__}: {err}") from err
         return self._as_text(result)

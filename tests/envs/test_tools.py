@@ -164,3 +164,17 @@ def test_subclass_inherits_and_overrides_tools():
 
     assert set(Child.tools) == {"ping", "extra"} and set(Base.tools) == {"ping"}
     assert asyncio.run(Child().call_tool(ToolCall("ping", {}))) == "child"
+
+
+def test_slow_async_tool_times_out_with_a_message():
+    class Slow(Shop):
+        tool_timeout_s = 0.05
+
+        @tool
+        async def wait(self) -> str:
+            """Waits too long."""
+            await asyncio.sleep(5)
+            return "late"
+
+    with pytest.raises(ToolCallError, match="timed out after 0.05 s"):
+        asyncio.run(Slow().call_tool(ToolCall("wait", {})))
