@@ -32,10 +32,30 @@ class Chain:
     turns: list[int]
     divergences: list[int]
     outcomes: list[str]  # per merged turn: new / branched / forked / clean / realigned / truncated
-    held: tuple[int, ...]  # == prompt + output of the last merged turn
+    last: TurnRecord  # the last merged turn: the sample holds exactly last.prompt_ids + last.output_ids
     response_start: int
-    latest_output_start: int
     lost_turns: list[int] = field(default_factory=list)  # turns dropped when a cut hit the first prompt
+
+    @property
+    def latest_output_start(self) -> int:
+        return len(self.last.prompt_ids)
+
+    @property
+    def held_length(self) -> int:
+        return len(self.last.prompt_ids) + len(self.last.output_ids)
+
+    def held(self) -> tuple[int, ...]:
+        return self.last.prompt_ids + self.last.output_ids
+
+    def is_extended_by(self, prompt: tuple[int, ...]) -> bool:
+        """Does ``prompt`` start with every held token? Two C-level slice compares, no concatenation."""
+        last = self.last
+        cut = len(last.prompt_ids)
+        return (
+            prompt[:cut] == last.prompt_ids
+            and prompt[cut : cut + len(last.output_ids)] == last.output_ids
+            and len(prompt) >= cut + len(last.output_ids)
+        )
 
     @classmethod
     def start(cls, turn: int, record: TurnRecord, outcome: str) -> Chain:
@@ -43,17 +63,15 @@ class Chain:
             turns=[turn],
             divergences=[0],
             outcomes=[outcome],
-            held=record.prompt_ids + record.output_ids,
+            last=record,
             response_start=len(record.prompt_ids),
-            latest_output_start=len(record.prompt_ids),
         )
 
     def extend(self, turn: int, record: TurnRecord, divergence: int, outcome: str) -> None:
         self.turns.append(turn)
         self.divergences.append(divergence)
         self.outcomes.append(outcome)
-        self.held = record.prompt_ids + record.output_ids
-        self.latest_output_start = len(record.prompt_ids)
+        self.last = record
 
 
 def _status(records: list[TurnRecord], budget_cut: bool) -> str:
@@ -76,7 +94,7 @@ def assemble_sample(
     """Build the sample of ``chain``; also return layout facts (trained turns, budget cut) for metadata."""
     turns = chain.turns
     recs = [records[t] for t in turns]
-    full_length = len(chain.held)
+    full_length = chain.held_length
     n = min(full_length, max_sample_tokens) if max_sample_tokens > 0 else full_length
 
     # Walk turns backwards; `limit` is the smallest later divergence, beyond which a turn's tokens are gone.
@@ -130,7 +148,9 @@ def assemble_sample(
             logprobs += [0.0] * width
 
     sample = Sample(
-        tokens=list(chain.held[:n]),
+        tokens=list(chain.held()[:n])
+        if n < full_length
+        else [*chain.last.prompt_ids, *chain.last.output_ids],
         response_start=response_start,
         loss_mask=loss_mask,
         rollout_logprobs=logprobs,

@@ -134,12 +134,11 @@ class TrajectoryManager:
             raise TypeError(f"turn must be a TurnRecord, got {type(turn).__name__}")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
-        keys = MessageTree.keys(prompt_messages)
-        response_key = message_key(response_message)
-
         session = self._sessions.get(session_id) or _Session()
+        path = session.tree.locate(prompt_messages)
+        response_key = message_key(response_message)
         index = len(session.records)
-        chain, divergence, outcome = self._place(session, keys, turn)
+        chain, divergence, outcome = self._place(session, path.producers, turn)
 
         # Everything below only mutates; nothing can raise on well-typed state.
         if chain is None:
@@ -159,31 +158,29 @@ class TrajectoryManager:
         session.records.append(turn)
         session.turn_metadata.append(dict(metadata) if metadata else None)
         session.used_tool.append(bool(response_message.get("tool_calls")))
-        session.tree.add(keys, response_key, index)
+        session.tree.add(path, response_message, response_key, index)
         self._sessions[session_id] = session
         self._stats[outcome] += 1
         return outcome
 
-    def _place(self, session: _Session, keys: list[tuple], turn: TurnRecord) -> tuple[Chain | None, int, str]:
+    def _place(self, session: _Session, producers: list[int], turn: TurnRecord) -> tuple[Chain | None, int, str]:
         """Decide (without mutating) which chain the turn joins, at which divergence, with which outcome."""
         if not session.records:
             return None, 0, NEW
         prompt = turn.prompt_ids
-        producers = session.tree.last_response_on_path(keys)
         chain = next((session.tips[t] for t in reversed(producers) if t in session.tips), None)
         if chain is None:
             # No open sample ends on this message path. An exact token extension of the latest sample
             # is still provably safe (e.g. the caller reformatted a message); anything else branches.
             last = session.last_chain
-            if last is not None and prompt[: len(last.held)] == last.held:
-                return last, len(last.held), CLEAN
+            if last is not None and last.is_extended_by(prompt):
+                return last, last.held_length, CLEAN
             return None, 0, BRANCHED
-        held = chain.held
-        if prompt[: len(held)] == held:
-            return chain, len(held), CLEAN
+        if chain.is_extended_by(prompt):
+            return chain, chain.held_length, CLEAN
         drift = Drift(
-            divergence=common_prefix_length(held, prompt),
-            held_length=len(held),
+            divergence=common_prefix_length(chain.held(), prompt),
+            held_length=chain.held_length,
             latest_response_start=chain.latest_output_start,
             response_start=chain.response_start,
             prompt_length=len(prompt),

@@ -14,7 +14,7 @@ from typing import Any
 
 def message_key(message: Mapping[str, Any]) -> tuple:
     """A hashable, order-insensitive key for one chat message (dict-like, JSON-ish values)."""
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):
         raise TypeError(
             f"a chat message must be a mapping (e.g. {{'role': ..., 'content': ...}}), got {type(message).__name__}"
         )
@@ -40,38 +40,81 @@ class MessageNode:
         self.turns: list[int] = []  # turns whose response_message is this node
 
 
-class MessageTree:
-    """Message paths of one session."""
+class MessagePath:
+    """A located message path: its keys and the nodes that already exist along it."""
 
-    __slots__ = ("root",)
+    __slots__ = ("messages", "contents", "keys", "nodes", "producers")
+
+    def __init__(
+        self, messages: list, contents: list, keys: list[tuple], nodes: list[MessageNode], producers: list[int]
+    ) -> None:
+        self.messages = messages
+        self.contents = contents  # each message's content object, to notice a replaced content later
+        self.keys = keys
+        self.nodes = nodes  # nodes[i] is the node of messages[i], for the prefix that exists in the tree
+        self.producers = producers  # turns that produced the deepest recorded response on the path
+
+
+class MessageTree:
+    """Message paths of one session.
+
+    An agent loop sends the same growing history every turn, so the tree remembers the last path it
+    added and reuses its keys and nodes for the leading messages that are the very same objects with the
+    very same ``content`` object; only new messages are keyed. Messages are expected not to be edited in
+    place after they were sent (if one is, the token guard still decides every extension).
+    """
+
+    __slots__ = ("root", "_last")
 
     def __init__(self) -> None:
         self.root = MessageNode()
+        self._last: tuple[list, list, list[tuple], list[MessageNode]] = ([], [], [], [])
 
-    @staticmethod
-    def keys(messages: Sequence[Mapping[str, Any]]) -> list[tuple]:
+    def locate(self, messages: Sequence[Mapping[str, Any]]) -> MessagePath:
+        """Validate and key ``messages`` and find how much of the path exists, without mutating the tree."""
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise TypeError(f"prompt_messages must be a list of chat messages, got {type(messages).__name__}")
-        return [message_key(m) for m in messages]
-
-    def last_response_on_path(self, keys: Sequence[tuple]) -> list[int]:
-        """Turns that produced the deepest recorded response on the path (empty if none), without mutating."""
-        node = self.root
-        found: list[int] = []
-        for key in keys:
+        messages = list(messages)
+        last_messages, last_contents, last_keys, last_nodes = self._last
+        reuse = 0
+        limit = min(len(messages), len(last_nodes))
+        # The very same objects were validated when they were first keyed.
+        while (
+            reuse < limit
+            and messages[reuse] is last_messages[reuse]
+            and messages[reuse].get("content") is last_contents[reuse]
+        ):
+            reuse += 1
+        keys = last_keys[:reuse] + [message_key(m) for m in messages[reuse:]]  # message_key validates
+        nodes = last_nodes[:reuse]
+        node = nodes[-1] if nodes else self.root
+        for key in keys[reuse:]:
             node = node.children.get(key)
             if node is None:
                 break
+            nodes.append(node)
+        producers: list[int] = []
+        for node in reversed(nodes):
             if node.turns:
-                found = node.turns
-        return found
+                producers = node.turns
+                break
+        contents = last_contents[:reuse] + [m.get("content") for m in messages[reuse:]]
+        return MessagePath(messages, contents, keys, nodes, producers)
 
-    def add(self, keys: Sequence[tuple], response_key: tuple, turn: int) -> None:
-        """Insert the path ``keys + [response_key]`` and record ``turn`` as the producer of its last node."""
-        node = self.root
-        for key in (*keys, response_key):
+    def add(self, path: MessagePath, response: Mapping[str, Any], response_key: tuple, turn: int) -> None:
+        """Insert ``path + [response]`` and record ``turn`` as the producer of its last node."""
+        nodes = list(path.nodes)
+        node = nodes[-1] if nodes else self.root
+        for key in (*path.keys[len(nodes) :], response_key):
             child = node.children.get(key)
             if child is None:
                 child = node.children[key] = MessageNode()
             node = child
+            nodes.append(node)
         node.turns.append(turn)
+        self._last = (
+            [*path.messages, response],
+            [*path.contents, response.get("content")],
+            [*path.keys, response_key],
+            nodes,
+        )
