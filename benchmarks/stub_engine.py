@@ -4,8 +4,8 @@ It speaks just enough of SGLang's native HTTP API for the smg router to accept i
 (``/health``, ``/server_info`` and ``/model_info`` with a *local* ``model_path``) and for the rollout
 client to use it (``/generate`` with ``meta_info``, pause/continue, weight-version updates, abort).
 It runs no model: ``output_ids`` are ``[last_prompt_id + 1, ...]`` modulo the vocabulary, log-probs are
-``-0.5`` each, and ``cached_tokens`` is the longest prefix shared with any earlier prompt (a toy prefix
-cache, so affinity can be observed). ``GET /stub_stats`` reports what it served, per routing key.
+``-0.5`` each, and ``cached_tokens`` is the prefix shared with the previous prompt of the same routing key
+on this worker (a toy per-session prefix cache, O(prompt) per request, so affinity can be observed). ``GET /stub_stats`` reports what it served, per routing key.
 
     python benchmarks/stub_engine.py --port 30001 [--host 127.0.0.1] [--model-path DIR]
 """
@@ -34,22 +34,20 @@ class StubEngine:
         self.weight_version = "default"
         self.requests = 0
         self.per_key: Counter[str] = Counter()
-        self.prompts: list[tuple[int, ...]] = []  # toy prefix cache, bounded
+        self.last_prompt: dict[str, list[int]] = {}  # toy per-session prefix cache
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.aborted_rids: list[str] = []
 
-    def cached_prefix(self, ids: list[int]) -> int:
-        best = 0
-        for prev in self.prompts:
-            n = 0
-            for a, b in zip(prev, ids, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+    def cached_prefix(self, key: str, ids: list[int]) -> int:
+        prev = self.last_prompt.get(key, ())
+        n = 0
+        for a, b in zip(prev, ids, strict=False):
+            if a != b:
+                break
+            n += 1
         # An SGLang radix cache never reports the whole prompt as cached: the last token is recomputed.
-        return min(best, max(len(ids) - 1, 0))
+        return min(n, max(len(ids) - 1, 0))
 
     async def generate(self, request: web.Request) -> web.Response:
         try:
@@ -69,11 +67,8 @@ class StubEngine:
         self.requests += 1
         key = request.headers.get(ROUTING_KEY_HEADER, "")
         self.per_key[key] += 1
-        cached = 0
-        if key:  # only sessions use the toy cache; the benchmark sends keys too but it is cheap
-            cached = self.cached_prefix(ids)
-            self.prompts.append(tuple(ids))
-            del self.prompts[:-256]
+        cached = self.cached_prefix(key, ids)
+        self.last_prompt[key] = ids
         out = [(ids[-1] + 1 + i) % VOCAB_SIZE for i in range(n_new)]
         meta = {
             "id": body.get("rid") or f"stub-{self.requests}",
@@ -143,7 +138,7 @@ class StubEngine:
         return web.json_response({"success": True})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        self.prompts.clear()
+        self.last_prompt.clear()
         return web.Response(text="Cache flushed.")
 
     async def stats(self, request: web.Request) -> web.Response:

@@ -67,11 +67,21 @@ class Worker:
         )
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports the OS reports free right now (a race remains until servers bind them)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in socks:  # all bound at once, so the OS hands out n different ports
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port the OS reports free right now (a tiny race remains until the server binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
 
 
 def _normalise_url(url: str) -> str:
@@ -101,7 +111,10 @@ class SmgRouter:
         env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self._auto_port = port is None  # a port we picked may be taken by a racing process: pick again
+        self.port, self._metrics_port = (port, free_port(host)) if port else free_ports(2, host)
+        if self._metrics_port == self.port:
+            self._metrics_port = free_port(host)
         self.worker_urls = tuple(_normalise_url(u) for u in worker_urls)
         self.policy = policy
         self.assignment_mode = assignment_mode
@@ -137,7 +150,7 @@ class SmgRouter:
             cmd += ["--assignment-mode", self.assignment_mode]
         # Prometheus gets its own free loopback port: the default 29000 would clash between routers.
         cmd += ["--log-level", self.log_level, "--prometheus-host", self.host,
-                "--prometheus-port", str(free_port(self.host)),
+                "--prometheus-port", str(self._metrics_port),
                 # Without this the default 180 s grace keeps a stopped router alive for minutes.
                 "--shutdown-grace-period-secs", str(max(1, int(self.shutdown_grace_s)))]
         if self.enable_rl:
@@ -148,6 +161,20 @@ class SmgRouter:
         """Launch the router and wait until it answers ``/health`` and every initial worker is ready."""
         if self._proc is not None:
             raise RouterError("router already started")
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout)
+            except RouterError as exc:
+                port_clash = "already in use" in str(exc) or "needs its own port" in str(exc)
+                if not port_clash or attempt == 2:
+                    raise
+                ports = free_ports(2, self.host)
+                if self._auto_port:
+                    self.port = ports[0]
+                self._metrics_port = ports[1] if ports[1] != self.port else ports[0]
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> SmgRouter:
         self._log_file = tempfile.NamedTemporaryFile(prefix="smg-router-", suffix=".log", delete=False)  # noqa: SIM115
         env = {**os.environ, **(self.env or {})}
         self._proc = subprocess.Popen(

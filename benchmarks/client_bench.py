@@ -1,0 +1,189 @@
+"""Benchmark 1: rollout client + smg router overhead against an engine stub that answers instantly.
+
+For concurrency 1 / 32 / 256 it measures req/s and p50/p99 latency of one ``/generate`` call
+(32 prompt ids, 1 new token, ``return_logprob``) for each client, sent directly to the stub and
+through a real smg router:
+
+- ``aiohttp``: a raw pooled ``aiohttp.ClientSession`` (the floor for aiohttp);
+- ``httpx``: a tuned ``httpx.AsyncClient`` (HTTP/1.1, keep-alive pool as large as the concurrency,
+  no env proxies);
+- ``RolloutClient``: agentrl's client (aiohttp inside; routing-key header, parsing, retry loop).
+
+"Added p50" is the p50 of a configuration minus the p50 of raw aiohttp direct at the same concurrency.
+Targets (2 cores): >= 2,000 req/s and <= 1 ms added p50 for RolloutClient through smg.
+
+    python benchmarks/client_bench.py [--requests 3000] [--out benchmarks/results/client_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agentrl.rollout.client import ROUTING_KEY_HEADER, RolloutClient  # noqa: E402
+from agentrl.rollout.router import SmgRouter, free_port  # noqa: E402
+
+PROMPT = list(range(1, 33))
+PARAMS = {"max_new_tokens": 1}
+
+
+def _body(i: int) -> bytes:
+    return json.dumps({"input_ids": PROMPT, "sampling_params": PARAMS, "return_logprob": True,
+                       "rid": f"b{i}"}).encode()
+
+
+async def _drive(send, n_requests: int, concurrency: int) -> dict:
+    """Run n_requests through ``send(i)`` with ``concurrency`` workers; latency of each call in ms."""
+    latencies: list[float] = []
+    counter = iter(range(n_requests))
+
+    async def worker() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await send(i)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+
+    for i in range(min(concurrency, 50)):  # warm the connection pool
+        await send(-1 - i)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    latencies.sort()
+    return {
+        "requests": n_requests,
+        "req_per_s": round(n_requests / wall, 1),
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
+    }
+
+
+async def bench_aiohttp(url: str, n: int, concurrency: int) -> dict:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=max(concurrency, 100))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        target = url + "/generate"
+        headers = {"Content-Type": "application/json"}
+
+        async def send(i: int) -> None:
+            headers_i = {**headers, ROUTING_KEY_HEADER: f"s{i % 512}"}
+            async with session.post(target, data=_body(i), headers=headers_i) as resp:
+                json.loads(await resp.read())
+                assert resp.status == 200
+
+        return await _drive(send, n, concurrency)
+
+
+async def bench_httpx(url: str, n: int, concurrency: int) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=max(concurrency, 100), max_keepalive_connections=max(concurrency, 100))
+    async with httpx.AsyncClient(limits=limits, http2=False, trust_env=False, timeout=60.0) as client:
+        target = url + "/generate"
+
+        async def send(i: int) -> None:
+            resp = await client.post(target, content=_body(i), headers={
+                "Content-Type": "application/json", ROUTING_KEY_HEADER: f"s{i % 512}"})
+            json.loads(resp.content)
+            assert resp.status_code == 200
+
+        return await _drive(send, n, concurrency)
+
+
+async def bench_rollout_client(url: str, n: int, concurrency: int) -> dict:
+    async with RolloutClient(url, max_connections=max(concurrency, 100)) as client:
+
+        async def send(i: int) -> None:
+            res = await client.generate(PROMPT, PARAMS, session_id=f"s{i % 512}")
+            assert len(res.output_ids) == 1
+
+        return await _drive(send, n, concurrency)
+
+
+CLIENTS = {"aiohttp": bench_aiohttp, "httpx": bench_httpx, "RolloutClient": bench_rollout_client}
+
+
+def _wait_ok(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    while True:
+        try:
+            with opener.open(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000, help="requests per cell at concurrency >= 32")
+    parser.add_argument("--requests-c1", type=int, default=600, help="requests per cell at concurrency 1")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "client_bench.json"))
+    args = parser.parse_args(argv)
+
+    port = free_port()
+    stub = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "stub_engine.py"), "--port", str(port)],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    rows: list[dict] = []
+    try:
+        stub_url = f"http://127.0.0.1:{port}"
+        _wait_ok(stub_url + "/health")
+        with SmgRouter([stub_url]) as router:
+            targets = {"direct": stub_url, "smg": router.url}
+            for concurrency in args.concurrency:
+                n = args.requests_c1 if concurrency == 1 else args.requests
+                for path, url in targets.items():
+                    for name in args.clients:
+                        result = asyncio.run(CLIENTS[name](url, n, concurrency))
+                        rows.append({"client": name, "path": path, "concurrency": concurrency, **result})
+                        print(f"  {name:<13} {path:<6} c={concurrency:<4} {result}", file=sys.stderr)
+    finally:
+        stub.kill()
+        stub.wait()
+
+    floor = {r["concurrency"]: r["p50_ms"] for r in rows if r["client"] == "aiohttp" and r["path"] == "direct"}
+    for r in rows:
+        r["added_p50_ms"] = round(r["p50_ms"] - floor.get(r["concurrency"], r["p50_ms"]), 3) \
+            if r["concurrency"] in floor else None
+
+    header = f"{'client':<14}{'path':<8}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        added = "" if r["added_p50_ms"] is None else f"{r['added_p50_ms']:+.3f}"
+        print(f"{r['client']:<14}{r['path']:<8}{r['concurrency']:>5}{r['req_per_s']:>10.0f}"
+              f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{added:>9}")
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "client_bench",
+        "description": "client + smg router overhead against an instant stub engine",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg_at_end": os.getloadavg()},
+        "targets": {"req_per_s": 2000, "added_p50_ms": 1.0},
+        "rows": rows,
+    }, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
