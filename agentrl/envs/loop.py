@@ -82,11 +82,18 @@ class RolloutResult:
     def samples(self) -> list[Sample]:
         return [sample for episode in self.episodes for sample in episode.samples]
 
-    def summary(self) -> dict[str, float]:
-        """Means over episodes: reward, turns, tool calls, ill-formed turn rate, failures."""
+    def summary(self) -> dict[str, Any]:
+        """Means over episodes (reward, turns, tool calls), the ill-formed turn rate, failures, and
+        totals of stop reasons, finish reasons and drift outcomes."""
         episodes = self.episodes
         n = max(len(episodes), 1)
         turns = sum(e.metrics.turns for e in episodes)
+        stops: Counter[str] = Counter(e.metrics.stop_reason for e in episodes)
+        finishes: Counter[str] = Counter()
+        drift: Counter[str] = Counter()
+        for e in episodes:
+            finishes.update(e.metrics.finish_reasons)
+            drift.update(e.metrics.drift)
         return {
             "episodes": len(episodes),
             "samples": len(self.samples),
@@ -95,6 +102,9 @@ class RolloutResult:
             "tool_calls_mean": sum(e.metrics.tool_calls for e in episodes) / n,
             "ill_formed_turn_rate": sum(e.metrics.ill_formed_turns for e in episodes) / max(turns, 1),
             "failed": sum(e.metrics.error is not None for e in episodes),
+            "stop_reasons": dict(stops),
+            "finish_reasons": dict(finishes),
+            "drift": dict(drift),
         }
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ class TinyModelGenerate:
 
         torch = self.torch
         limit = min((sampling_params or {}).get("max_new_tokens", self.max_new_tokens), self.max_new_tokens)
-        seed = (hash(session_id) + len(self.turns.get(session_id, []))) % 2**31
+        seed = (zlib.crc32(session_id.encode()) + len(self.turns.get(session_id, []))) % 2**31
         generator = torch.Generator().manual_seed(seed)
         ids, logprobs = [], []
         past = None

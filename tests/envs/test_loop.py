@@ -226,6 +226,8 @@ def test_concurrent_groups_share_group_ids_and_respect_the_bound(tokenizer, rend
                 assert_only_model_tokens_trained(sample, policy.turns[episode.session_id])
     summary = result.summary()
     assert summary["episodes"] == 12 and summary["reward_mean"] == 1.0 and summary["failed"] == 0
+    assert summary["stop_reasons"] == {"done": 12} and summary["finish_reasons"] == {"stop": 12}
+    assert summary["drift"] == {"new": 12} and summary["ill_formed_turn_rate"] == 0.0
 
 
 def test_a_failing_episode_is_reported_without_losing_the_others(tokenizer, renderer):
