@@ -129,3 +129,26 @@ def test_wrong_or_missing_answer_scores_low(renderer):
         result = asyncio.run(generate_rollout(SearchR1Env, [task], policy, renderer))
         [episode] = result.episodes
         assert episode.metrics.reward == pytest.approx(expected) and episode.metrics.turns == 1
+
+
+def test_run_script_with_the_expert_policy_writes_samples(tmp_path, capsys):
+    import json
+
+    from agentrl.trajectory import Sample
+    from examples.search_r1.run import main
+
+    out = tmp_path / "samples.jsonl"
+    assert main(["--scripted", "--model", str(TOKENIZER_DIR), "--n", "4", "--samples", "2",
+                 "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 8 and summary["failed"] == 0
+    samples = [Sample.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
+    assert len(samples) == 8 and all(s.trained_tokens > 0 for s in samples)
+    assert len({s.group_id for s in samples}) == 4
+
+
+def test_run_script_needs_a_policy():
+    from examples.search_r1.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", str(TOKENIZER_DIR)])
