@@ -4,7 +4,7 @@ It is started once per sandbox (``python3 -c <this file's source>``) and then se
 its stdin/stdout, so a command costs one fork+exec instead of a ``docker exec`` (~80 ms here).
 Protocol: each message is a 4-byte big-endian length then UTF-8 JSON; byte strings are base64.
 
-Requests: ``{"op": "run", "argv", "timeout", "stdin", "env", "cwd", "limit"}`` ->
+Requests: ``{"op": "run", "argv", "timeout", "stdin", "env", "cwd", "limit", "python_code"}`` ->
 ``{"exit_code", "stdout", "stderr", "stdout_total", "stderr_total", "timed_out", "oom_killed",
 "duration_s"}``; ``{"op": "reset", "paths"}`` kills every other process of this uid and empties the
 paths; ``{"op": "write", "files": [[path, b64, mode]]}``;
@@ -74,6 +74,101 @@ def _reap():
             pass
 
 
+class _ForkedPython:
+    """Runs Python code in a fork of this (already started) interpreter: ~1 ms instead of the ~20 ms
+    of a fresh ``python3 -c``. The child looks like ``python3 -c CODE``: own session, fds 0-2 on
+    pipes, every other fd closed, fresh ``__main__``, SIGPIPE ignored, argv ``['-c']``, the requested
+    env and cwd, atexit handlers and non-daemon threads honoured. Differences: modules this executor
+    imported (json, subprocess, selectors, ...) are already in ``sys.modules``."""
+
+    def __init__(self, code, with_stdin, env, cwd):
+        r_in, w_in = os.pipe() if with_stdin else (None, None)
+        r_out, w_out = os.pipe()
+        r_err, w_err = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            rc = 1
+            try:
+                os.setsid()
+                os.dup2(r_in if r_in is not None else os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(w_out, 1)
+                os.dup2(w_err, 2)
+                os.closerange(3, 65536)
+                rc = _child_python(code, env, cwd)
+            finally:
+                os._exit(rc)
+        self.pid, self.returncode = pid, None
+        for fd in (r_in, w_out, w_err):
+            if fd is not None:
+                os.close(fd)
+        self.stdin = os.fdopen(w_in, "wb", buffering=0) if w_in is not None else None
+        self.stdout = os.fdopen(r_out, "rb", buffering=0)
+        self.stderr = os.fdopen(r_err, "rb", buffering=0)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def _child_python(code, env, cwd):
+    import atexit
+    import threading
+    import traceback
+    import types
+
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if cwd:
+        os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                                       buffering=1, closefd=False)
+    sys.argv = ["-c"]
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    rc = 0
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    except SystemExit as exc:
+        rc = _exit_code(exc.code)
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        rc = 1
+    for finish in (getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)):
+        if finish is not None:
+            try:
+                finish()
+            except SystemExit as exc:
+                rc = _exit_code(exc.code)
+            except BaseException:
+                traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return rc
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(BaseException):
+        print(code, file=sys.stderr)
+    return 1
+
+
 def run(req):
     argv, timeout, limit = req["argv"], float(req["timeout"]), int(req["limit"])
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
@@ -81,10 +176,13 @@ def run(req):
     before = _oom_kills()
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=req.get("cwd"),
-            env=req.get("env"), start_new_session=True)
+        if req.get("python_code") is not None:
+            proc = _ForkedPython(req["python_code"], stdin is not None, req.get("env") or {}, req.get("cwd"))
+        else:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=req.get("cwd"),
+                env=req.get("env"), start_new_session=True)
     except OSError as exc:
         msg = f"{argv[0]}: {exc.strerror or exc}\n"
         return {"exit_code": 127 if isinstance(exc, FileNotFoundError) else 126, "stdout": "",

@@ -156,10 +156,11 @@ class ExecutorClient:
             self._buf += chunk
 
     def run(self, argv: list[str], *, timeout: float, stdin: bytes | None, env: Mapping[str, str],
-            cwd: str, limit: int) -> ExecResult:
+            cwd: str, limit: int, python_code: str | None = None) -> ExecResult:
+        """Run argv (or, with ``python_code``, that code in a fork of the executor's interpreter)."""
         msg = self.call({"op": "run", "argv": argv, "timeout": timeout, "cwd": cwd, "env": dict(env),
-                         "limit": limit, "stdin": base64.b64encode(stdin).decode() if stdin is not None else None},
-                        timeout + CLIENT_GRACE_S)
+                         "limit": limit, "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
+                         "python_code": python_code}, timeout + CLIENT_GRACE_S)
         return ExecResult(
             exit_code=int(msg["exit_code"]),
             stdout=base64.b64decode(msg["stdout"]).decode("utf-8", errors="replace"),

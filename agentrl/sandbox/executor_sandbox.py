@@ -88,8 +88,24 @@ class ExecutorSandbox(Sandbox):
             self._drop_executor()
             return False
 
+    def run_python(self, code: str, *, timeout: float, stdin: str | bytes | None = None,
+                   fresh_interpreter: bool = False) -> ExecResult:
+        """Run Python code. By default in a fork of the executor's already-started interpreter (~1 ms
+        to start instead of ~20 ms; same isolation, limits, timeout and output cap; the only visible
+        difference is a few stdlib modules already imported). ``fresh_interpreter=True`` runs
+        ``python3 -c`` instead."""
+        if fresh_interpreter:
+            return super().run_python(code, timeout=timeout, stdin=stdin)
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        self.start()
+        self.exec_count += 1
+        return self._exec([self.python, "-c", "<forked>"], timeout=float(timeout), stdin=data, env=None,
+                          python_code=code)
+
     def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None,
-              env: Mapping[str, str] | None) -> ExecResult:
+              env: Mapping[str, str] | None, python_code: str | None = None) -> ExecResult:
         started = time.monotonic()
         with self._lock:
             try:
@@ -99,7 +115,7 @@ class ExecutorSandbox(Sandbox):
                                   oom_killed=False, duration_s=time.monotonic() - started, truncated=False)
             try:
                 return client.run(argv, timeout=timeout, stdin=stdin, env={**BASE_ENV, **(env or {})},
-                                  cwd=self.workdir, limit=self.limits.output_limit)
+                                  cwd=self.workdir, limit=self.limits.output_limit, python_code=python_code)
             except ExecutorGone:
                 # The command killed every process of the agent uid, the executor included; the
                 # container survives (its keep-alive runs as another uid) and the next call relaunches.

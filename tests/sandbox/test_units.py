@@ -247,3 +247,28 @@ def test_pool_rejects_bad_arguments():
             SandboxPool(factory=lambda: None, **kwargs)
     with pytest.raises(ValueError, match="unknown sandbox backend"):
         SandboxPool(backend="vm")
+
+
+@pytest.mark.parametrize("code,stdin,exit_code,stdout,stderr_tail", [
+    ("print(1)", None, 0, "1\n", ""),
+    ("import sys\nprint(sys.argv, __name__)\nprint(input())", b"hey\n", 0, "['-c'] __main__\nhey\n", ""),
+    ("raise ValueError('boom')", None, 1, "", 'File "<string>", line 1, in <module>\nValueError: boom\n'),
+    ("import sys; sys.exit(3)", None, 3, "", ""),
+    ("import sys; sys.exit('msg')", None, 1, "", "msg\n"),
+    ("import atexit; atexit.register(lambda: print('bye'))", None, 0, "bye\n", ""),
+    ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.1), print('thr'))).start()",
+     None, 0, "thr\n", ""),
+    ("import os; print(os.getcwd(), os.environ['PATH'], sorted(os.listdir('/proc/self/fd'))[:3])", None, 0,
+     "/tmp /usr/bin:/bin ['0', '1', '2']\n", ""),
+])
+def test_forked_python_behaves_like_python_c(local_executor, code, stdin, exit_code, stdout, stderr_tail):
+    r = local_executor.run(["python3", "-c", "<forked>"], timeout=10, stdin=stdin, env={"PATH": "/usr/bin:/bin"},
+                           cwd="/tmp", limit=65536, python_code=code)
+    assert (r.exit_code, r.stdout) == (exit_code, stdout), r
+    assert r.stderr.endswith(stderr_tail) and ("_child_python" not in r.stderr), r.stderr
+
+
+def test_forked_python_timeout_and_cap(local_executor):
+    r = local_executor.run(["python3"], timeout=0.5, stdin=None, env={}, cwd="/tmp", limit=10,
+                           python_code="print('x' * 100, flush=True)\nwhile True: pass")
+    assert r.timed_out and r.exit_code == 137 and r.truncated and r.stdout == "x" * 10
