@@ -82,3 +82,11 @@ def stub_engines() -> Iterator[Callable[[int], list[StubEngineProc]]]:
     yield start
     for stub in started:
         stub.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny random-init Qwen2 + test tokenizer, written once per test session."""
+    from agentrl.models.tiny import make_tiny_model
+
+    return Path(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))

@@ -30,11 +30,10 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(tiny_model_dir):
     from agentrl.engine.launch import EngineProcess
-    from agentrl.models.tiny import make_tiny_model
 
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    model_dir = tiny_model_dir
     engines = [EngineProcess(model_dir).start() for _ in range(3)]  # start in parallel
     router = None
     try:

@@ -1,0 +1,114 @@
+"""``agentrl serve``: N embedded engines behind one smg router, in one command; Ctrl-C stops everything.
+
+    agentrl serve --model DIR --engines 2 --port 30000 [--dtype float32] [--host 127.0.0.1]
+
+Prints the router URL on stdout once the router and every engine are healthy, then serves until
+SIGINT or SIGTERM. An engine that dies while serving is reported on stderr and left to the router's
+fail-over; the command exits with status 1 if the router itself dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl serve", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="local HF model directory (config.json + weights)")
+    p.add_argument("--engines", type=int, default=1, help="number of embedded engine processes (default 1)")
+    p.add_argument("--port", type=int, default=30000, help="router port (default 30000)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address of the router and the engines")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--engine-args", default="", help="extra engine flags, one shell-quoted string")
+    p.add_argument("--router-args", default="", help="extra `smg launch` flags, one shell-quoted string")
+    p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for health")
+    return p
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    if args.engines < 1:
+        return f"--engines must be >= 1, got {args.engines}"
+    if not 0 < args.port < 65536:
+        return f"--port must be in 1..65535, got {args.port}"
+    model = Path(args.model)
+    if not model.is_dir():
+        return f"--model {args.model!r} is not a directory"
+    if not (model / "config.json").is_file():
+        return f"--model {args.model!r} has no config.json (is it a HF model directory?)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    problem = _check_args(args)
+    if problem:
+        print(f"agentrl serve: {problem}", file=sys.stderr)
+        return 2
+
+    from agentrl.engine.launch import EngineProcess
+    from agentrl.rollout.router import SmgRouter
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    model_dir = str(Path(args.model).resolve())
+    engines = [EngineProcess(model_dir, host=args.host, dtype=args.dtype,
+                             extra_args=shlex.split(args.engine_args)) for _ in range(args.engines)]
+    router: SmgRouter | None = None
+    try:
+        for engine in engines:  # all start at once; loading overlaps
+            engine.start()
+        deadline = time.monotonic() + args.startup_timeout
+        for engine in engines:
+            while not stop.is_set():
+                try:
+                    engine.wait_healthy(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                    break
+                except Exception:
+                    if not engine.alive or time.monotonic() > deadline:
+                        raise
+            if stop.is_set():
+                return 130
+        router = SmgRouter([e.url for e in engines], host=args.host, port=args.port,
+                           extra_args=shlex.split(args.router_args))
+        router.start(timeout=max(10.0, deadline - time.monotonic()))
+        print(router.url, flush=True)
+        print(f"agentrl serve: router {router.url} -> engines {', '.join(e.url for e in engines)}; "
+              "Ctrl-C stops all", file=sys.stderr, flush=True)
+        reported: set[str] = set()
+        while not stop.wait(0.5):
+            if not router.alive:
+                print(f"agentrl serve: router exited:\n{router.log_tail(2000)}", file=sys.stderr)
+                return 1
+            for engine in engines:
+                if not engine.alive and engine.url not in reported:
+                    reported.add(engine.url)
+                    print(f"agentrl serve: engine {engine.url} exited; the router fails its sessions over",
+                          file=sys.stderr, flush=True)
+        return 0
+    except Exception as exc:  # startup failed: say why, then clean up below
+        print(f"agentrl serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        # Ignore further Ctrl-C while children are being stopped, so none is left behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if router is not None:
+            router.stop()
+        for engine in engines:
+            engine.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
