@@ -106,7 +106,8 @@ class Environment:
         except ToolArgumentError as err:
             raise ToolCallError(str(err)) from None
         try:
-            result = spec.function(self, **kwargs)
+            # Through the attribute, so a subclass overriding the method (decorated or not) is what runs.
+            result = getattr(self, spec.function.__name__)(**kwargs)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.tool_timeout_s)
         except TimeoutError:

@@ -45,6 +45,8 @@ STOP_TRUNCATED = {"max_turns", "max_total_tokens", "context_length", "length"}
 
 @dataclass
 class EpisodeMetrics:
+    """What happened in one episode (``turns`` = model replies)."""
+
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -62,6 +64,8 @@ class EpisodeMetrics:
 
 @dataclass
 class EpisodeResult:
+    """One episode: its Samples (usually one; more after a fork), metrics and the final chat."""
+
     session_id: str
     group_id: str
     task: Any
@@ -72,6 +76,8 @@ class EpisodeResult:
 
 @dataclass
 class RolloutResult:
+    """Episodes of a batch, grouped per task."""
+
     groups: list[list[EpisodeResult]]  # one list per task, n samples each, sharing a group id
 
     @property

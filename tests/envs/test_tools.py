@@ -178,3 +178,12 @@ def test_slow_async_tool_times_out_with_a_message():
 
     with pytest.raises(ToolCallError, match="timed out after 0.05 s"):
         asyncio.run(Slow().call_tool(ToolCall("wait", {})))
+
+
+def test_an_undecorated_override_of_a_tool_method_is_what_runs():
+    class Cheaper(Shop):
+        def buy(self, item: str, count: int = 1, size: str = "m", tags: list[str] | None = None) -> str:
+            return "discount " + item
+
+    assert "buy" in Cheaper.tools
+    assert asyncio.run(Cheaper().call_tool(ToolCall("buy", {"item": "pen"}))) == "discount pen"
