@@ -47,14 +47,15 @@ class Chain:
     def held(self) -> tuple[int, ...]:
         return self.last.prompt_ids + self.last.output_ids
 
-    def is_extended_by(self, prompt: tuple[int, ...]) -> bool:
-        """Does ``prompt`` start with every held token? Two C-level slice compares, no concatenation."""
+    def held_packed(self) -> bytes:
+        return self.last.packed_prompt + self.last.packed_output
+
+    def is_extended_by(self, record: TurnRecord) -> bool:
+        """Does ``record``'s prompt start with every held token? Two memcmp, no copies."""
         last = self.last
-        cut = len(last.prompt_ids)
-        return (
-            prompt[:cut] == last.prompt_ids
-            and prompt[cut : cut + len(last.output_ids)] == last.output_ids
-            and len(prompt) >= cut + len(last.output_ids)
+        packed = record.packed_prompt
+        return packed.startswith(last.packed_prompt) and packed.startswith(
+            last.packed_output, len(last.packed_prompt)
         )
 
     @classmethod

@@ -52,8 +52,12 @@ class UnknownSessionError(KeyError):
         return str(self.args[0]) if self.args else "unknown session"
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two tuples, by C-level slice comparisons (binary search)."""
+def common_prefix_length(a: Sequence[int] | bytes, b: Sequence[int] | bytes) -> int:
+    """Length of the longest common prefix of two sequences, by C-level slice compares (binary search).
+
+    On ``bytes`` the compares are memcmp; pass :attr:`TurnRecord.packed_prompt`-style uint32 bytes and
+    divide by 4 to get a token index.
+    """
     hi = min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -163,7 +167,9 @@ class TrajectoryManager:
         self._stats[outcome] += 1
         return outcome
 
-    def _place(self, session: _Session, producers: list[int], turn: TurnRecord) -> tuple[Chain | None, int, str]:
+    def _place(
+        self, session: _Session, producers: list[int], turn: TurnRecord
+    ) -> tuple[Chain | None, int, str]:
         """Decide (without mutating) which chain the turn joins, at which divergence, with which outcome."""
         if not session.records:
             return None, 0, NEW
@@ -173,13 +179,13 @@ class TrajectoryManager:
             # No open sample ends on this message path. An exact token extension of the latest sample
             # is still provably safe (e.g. the caller reformatted a message); anything else branches.
             last = session.last_chain
-            if last is not None and last.is_extended_by(prompt):
+            if last is not None and last.is_extended_by(turn):
                 return last, last.held_length, CLEAN
             return None, 0, BRANCHED
-        if chain.is_extended_by(prompt):
+        if chain.is_extended_by(turn):
             return chain, chain.held_length, CLEAN
         drift = Drift(
-            divergence=common_prefix_length(chain.held(), prompt),
+            divergence=common_prefix_length(chain.held_packed(), turn.packed_prompt) // 4,
             held_length=chain.held_length,
             latest_response_start=chain.latest_output_start,
             response_start=chain.response_start,

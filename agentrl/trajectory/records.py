@@ -7,8 +7,9 @@ It is the only source of trainable tokens, so it is validated once, on construct
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _INT = {int}
@@ -24,10 +25,18 @@ def _token_ids(name: str, values: Iterable[int]) -> tuple[int, ...]:
     if not kinds <= _INT:
         bad = next(i for i, v in enumerate(ids) if type(v) is not int)
         raise TypeError(f"{name}[{bad}] must be an int token id, got {type(ids[bad]).__name__} {ids[bad]!r}")
-    if ids and min(ids) < 0:
-        bad = next(i for i, v in enumerate(ids) if v < 0)
-        raise ValueError(f"{name}[{bad}] is a negative token id ({ids[bad]})")
     return ids
+
+
+def _packed(name: str, ids: tuple[int, ...]) -> bytes:
+    """Token ids as uint32 bytes: prefix checks become memcmp. Also rejects negative / huge ids."""
+    try:
+        return array("I", ids).tobytes()
+    except OverflowError:
+        bad = next(i for i, v in enumerate(ids) if not 0 <= v < 2**32)
+        raise ValueError(
+            f"{name}[{bad}] is not a valid token id ({ids[bad]}): negative or >= 2**32"
+        ) from None
 
 
 def _logprobs(values: Iterable[float]) -> tuple[float, ...]:
@@ -60,12 +69,17 @@ class TurnRecord:
     output_logprobs: tuple[float, ...]
     finish_reason: str
     weight_version: str | None = None
+    # uint32 bytes of prompt_ids / output_ids, for memcmp-speed prefix checks in the drift guard.
+    packed_prompt: bytes = field(init=False, repr=False, compare=False)
+    packed_output: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         prompt = _token_ids("prompt_ids", self.prompt_ids)
         if not prompt:
             raise ValueError("prompt_ids is empty: a turn needs the prompt it was sampled from")
         output = _token_ids("output_ids", self.output_ids)
+        packed_prompt = _packed("prompt_ids", prompt)
+        packed_output = _packed("output_ids", output)
         lps = _logprobs(self.output_logprobs)
         if lps and len(lps) != len(output):
             raise ValueError(
@@ -79,6 +93,8 @@ class TurnRecord:
         object.__setattr__(self, "prompt_ids", prompt)
         object.__setattr__(self, "output_ids", output)
         object.__setattr__(self, "output_logprobs", lps)
+        object.__setattr__(self, "packed_prompt", packed_prompt)
+        object.__setattr__(self, "packed_output", packed_output)
 
     @property
     def has_logprobs(self) -> bool:

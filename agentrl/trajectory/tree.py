@@ -46,7 +46,12 @@ class MessagePath:
     __slots__ = ("messages", "contents", "keys", "nodes", "producers")
 
     def __init__(
-        self, messages: list, contents: list, keys: list[tuple], nodes: list[MessageNode], producers: list[int]
+        self,
+        messages: list,
+        contents: list,
+        keys: list[tuple],
+        nodes: list[MessageNode],
+        producers: list[int],
     ) -> None:
         self.messages = messages
         self.contents = contents  # each message's content object, to notice a replaced content later
