@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -19,47 +19,64 @@ if TYPE_CHECKING:
 
 @dataclass
 class BatchKV:
-    """Left-padded KV of the running batch (see module docstring)."""
+    """Left-padded KV of the running batch (see module docstring), held in a transformers cache object
+    that decode steps grow in place; it is rebuilt only when rows join or leave."""
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    cache: Any  # transformers DynamicCache, or None when the batch is empty
     lengths: list[int]
+
+    @classmethod
+    def empty(cls) -> BatchKV:
+        return cls(None, [])
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [] if self.cache is None else [(la.keys, la.values) for la in self.cache.layers]
 
     @property
     def width(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        return self.cache.layers[0].keys.shape[2] if self.cache is not None else 0
 
     def row(self, i: int) -> KV:
         """Row ``i``'s real KV, as an independent copy ``[(k, v)]`` with ``[kv_heads, L, head_dim]``."""
         n, t = self.lengths[i], self.width
-        return [(k[i, :, t - n :].clone(), v[i, :, t - n :].clone()) for k, v in zip(self.keys, self.values, strict=False)]
+        return [(k[i, :, t - n :].clone(), v[i, :, t - n :].clone()) for k, v in self.layers]
 
     def select(self, rows: list[int]) -> BatchKV:
         """Keep ``rows`` (in that order) and trim columns that are now padding in every row."""
         import torch
 
         if not rows:
-            return BatchKV([], [], [])
+            return BatchKV.empty()
         lengths = [self.lengths[i] for i in rows]
         start = self.width - max(lengths)
-        idx = torch.tensor(rows, device=self.keys[0].device)
-        keys = [k.index_select(0, idx)[:, :, start:] for k in self.keys]
-        values = [v.index_select(0, idx)[:, :, start:] for v in self.values]
-        return BatchKV(keys, values, lengths)
+        idx = torch.tensor(rows, device=self.layers[0][0].device)
+        layers = [(k.index_select(0, idx)[:, :, start:], v.index_select(0, idx)[:, :, start:]) for k, v in self.layers]
+        return BatchKV(_make_cache(layers), lengths)
 
-    def append_row(self, kv: KV) -> BatchKV:
-        """Add one sequence's KV as a new last row, left-padding whichever side is shorter."""
+    def extend(self, kvs: list[KV]) -> BatchKV:
+        """Add sequences' KV as new last rows, left-padding everything to the widest."""
         import torch
 
-        n = kv[0][0].shape[1]
-        if not self.lengths:
-            return BatchKV([k.unsqueeze(0) for k, _ in kv], [v.unsqueeze(0) for _, v in kv], [n])
-        width = max(self.width, n)
-        keys, values = [], []
-        for (old_k, old_v), (k, v) in zip(zip(self.keys, self.values, strict=False), kv, strict=False):
-            keys.append(torch.cat([_pad_left(old_k, width), _pad_left(k.unsqueeze(0), width)], dim=0))
-            values.append(torch.cat([_pad_left(old_v, width), _pad_left(v.unsqueeze(0), width)], dim=0))
-        return BatchKV(keys, values, [*self.lengths, n])
+        if not kvs:
+            return self
+        lengths = [*self.lengths, *(kv[0][0].shape[1] for kv in kvs)]
+        width = max(lengths)
+        old = self.layers
+        layers = []
+        for li in range(len(kvs[0])):
+            parts_k = [_pad_left(old[li][0], width)] if old else []
+            parts_v = [_pad_left(old[li][1], width)] if old else []
+            parts_k += [_pad_left(kv[li][0].unsqueeze(0), width) for kv in kvs]
+            parts_v += [_pad_left(kv[li][1].unsqueeze(0), width) for kv in kvs]
+            layers.append((torch.cat(parts_k, dim=0), torch.cat(parts_v, dim=0)))
+        return BatchKV(_make_cache(layers), lengths)
+
+
+def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -103,31 +120,72 @@ class ModelRunner:
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     # ---- forward passes -------------------------------------------------------------------------
-    def prefill(self, tokens: list[int], past: KV | None) -> tuple[torch.Tensor, KV]:
-        """Run ``tokens[len(past):]`` on top of ``past``; return last-position logits [V] and the full KV."""
-        import torch
-        from transformers import DynamicCache
+    def prefill(self, items: list[tuple[list[int], KV | None]]) -> tuple[torch.Tensor, list[KV]]:
+        """Run several sequences at once, each ``(tokens, past)`` computing ``tokens[len(past):]`` on top
+        of its cached prefix; return last-position logits [B, V] and each sequence's full KV.
 
-        start = past[0][0].shape[1] if past else 0
-        cache = DynamicCache(ddp_cache_data=[(k.unsqueeze(0), v.unsqueeze(0)) for k, v in past]) if past else DynamicCache()
-        ids = torch.tensor([tokens[start:]], device=self.device)
-        positions = torch.arange(start, len(tokens), device=self.device).unsqueeze(0)
+        Rows are left-padded twice (before the past and before the new tokens) and a 4D mask lets each
+        real token see exactly its own earlier tokens; a padding query sees only itself, which keeps its
+        (discarded) activations finite.
+        """
+        import torch
+
+        pasts = [past[0][0].shape[1] if past else 0 for _, past in items]
+        news = [len(tokens) - p for (tokens, _), p in zip(items, pasts, strict=True)]
+        B, P, N = len(items), max(pasts), max(news)
+        dev = self.device
+        ids = torch.zeros((B, N), dtype=torch.long, device=dev)
+        positions = torch.zeros((B, N), dtype=torch.long, device=dev)
+        for b, ((tokens, _), p, n) in enumerate(zip(items, pasts, news, strict=True)):
+            ids[b, N - n :] = torch.tensor(tokens[p:], device=dev)
+            positions[b, N - n :] = torch.arange(p, p + n, device=dev)
+        past_t = torch.tensor(pasts, device=dev).unsqueeze(1)
+        new_t = torch.tensor(news, device=dev).unsqueeze(1)
+        cols = torch.arange(P + N, device=dev).unsqueeze(0)
+        real_key = ((cols < P) & (cols >= P - past_t)) | ((cols >= P) & (cols >= P + N - new_t))  # [B, P+N]
+        q_cols = P + torch.arange(N, device=dev)  # column index of each query
+        causal = cols.unsqueeze(1) <= q_cols.view(1, N, 1)  # [1, N, P+N]
+        allowed = (real_key.unsqueeze(1) & causal) | (cols.unsqueeze(1) == q_cols.view(1, N, 1))
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=dev).masked_fill(~allowed, torch.finfo(self.dtype).min)
+        layers = []
+        if P:
+            n_layers = len(next(past for _, past in items if past))
+            for li in range(n_layers):
+                ks = [_pad_left(past[li][0].unsqueeze(0), P) if past else None for _, past in items]
+                vs = [_pad_left(past[li][1].unsqueeze(0), P) if past else None for _, past in items]
+                ref_k = next(k for k in ks if k is not None)
+                ks = [k if k is not None else ref_k.new_zeros(ref_k.shape) for k in ks]
+                vs = [v if v is not None else ref_k.new_zeros(ref_k.shape) for v in vs]
+                layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
+        cache = _make_cache(layers)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_arg: cache})
-        kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
-        return out.logits[0, -1], kv
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask.unsqueeze(1),
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: cache},
+            )
+        kvs: list[KV] = []
+        full = [(la.keys, la.values) for la in cache.layers]
+        for b, (p, n) in enumerate(zip(pasts, news, strict=True)):
+            kvs.append([
+                (torch.cat([k[b, :, P - p : P], k[b, :, P + N - n :]], dim=1),
+                 torch.cat([v[b, :, P - p : P], v[b, :, P + N - n :]], dim=1))
+                for k, v in full
+            ])
+        return out.logits[:, -1], kvs
 
     def decode(self, batch: BatchKV, tokens: list[int]) -> tuple[torch.Tensor, BatchKV]:
-        """Feed one token per row; return logits [B, V] and the grown batch KV."""
+        """Feed one token per row; return logits [B, V] and the batch KV (grown in place)."""
         import torch
-        from transformers import DynamicCache
 
         width = batch.width
         lengths = torch.tensor(batch.lengths, device=self.device)
         cols = torch.arange(width + 1, device=self.device)
         # row i's real tokens (and the new one) are its last lengths[i] + 1 columns
         mask = (cols.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
-        cache = DynamicCache(ddp_cache_data=list(zip(batch.keys, batch.values, strict=False)))
         ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
         with torch.inference_mode():
             out = self.model(
@@ -135,11 +193,9 @@ class ModelRunner:
                 attention_mask=mask,
                 position_ids=lengths.unsqueeze(1),
                 use_cache=True,
-                **{self._cache_arg: cache},
+                **{self._cache_arg: batch.cache},
             )
-        layers = cache.layers
-        grown = BatchKV([la.keys for la in layers], [la.values for la in layers], [n + 1 for n in batch.lengths])
-        return out.logits[:, -1], grown
+        return out.logits[:, -1], BatchKV(batch.cache, [n + 1 for n in batch.lengths])
 
     # ---- weights ------------------------------------------------------------------------------
     def named_tensors(self) -> dict[str, torch.Tensor]:

@@ -78,16 +78,18 @@ class Scheduler:
         metrics: EngineMetrics,
         *,
         max_batch_size: int = 64,
+        max_prefill_tokens: int = 8192,
         weight_version: Callable[[], str],
     ) -> None:
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.metrics = metrics
         self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
         self._weight_version = weight_version
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.batch = BatchKV([], [], [])
+        self.batch = BatchKV.empty()
         self.paused = False
         self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._cond = threading.Condition()
@@ -140,7 +142,7 @@ class Scheduler:
             elif mode == "retract":
                 for seq in reversed(self.running):
                     self.waiting.appendleft(seq)
-                self.running, self.batch = [], BatchKV([], [], [])
+                self.running, self.batch = [], BatchKV.empty()
 
         self.call(op).result()
 
@@ -188,7 +190,7 @@ class Scheduler:
             except Exception as exc:  # a bug must fail the requests, not hang them
                 for seq in [*self.running, *self.waiting]:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
-                self.running, self.waiting, self.batch = [], deque(), BatchKV([], [], [])
+                self.running, self.waiting, self.batch = [], deque(), BatchKV.empty()
                 raise
 
     def _reap_aborts(self) -> None:
@@ -202,22 +204,34 @@ class Scheduler:
             self._drop_rows([i for i, s in enumerate(self.running) if s.abort_requested], abort=True)
 
     def _admit(self) -> None:
-        while len(self.running) < self.max_batch_size:
+        """Prefill waiting sequences together (up to the batch and prefill-token budgets)."""
+        admitted: list[tuple[Sequence, list[int], Any]] = []
+        new_tokens = 0
+        while len(self.running) + len(admitted) < self.max_batch_size:
             with self._cond:
                 if not self.waiting:
                     break
-                seq = self.waiting.popleft()
-            tokens = seq.all_tokens()
-            cached_len, past = self.prefix_cache.lookup(tokens, len(tokens) - 1)
+                seq = self.waiting[0]
+                tokens = seq.all_tokens()
+                cached_len, past = self.prefix_cache.lookup(tokens, len(tokens) - 1)
+                if admitted and new_tokens + len(tokens) - cached_len > self.max_prefill_tokens:
+                    break
+                self.waiting.popleft()
             if not seq.output_ids:
                 seq.cached_tokens = cached_len
                 self.metrics.observe_prompt(len(tokens), cached_len)
-            logits, kv = self.runner.prefill(tokens, past)
+            new_tokens += len(tokens) - cached_len
+            admitted.append((seq, tokens, past))
+        if not admitted:
+            return
+        logits, kvs = self.runner.prefill([(tokens, past) for _, tokens, past in admitted])
+        seqs = [seq for seq, _, _ in admitted]
+        first_tokens, logprobs = self._sample(logits, seqs)
+        self.running.extend(seqs)
+        self.batch = self.batch.extend(kvs)
+        for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
             seq.weight_version = self._weight_version()
-            token, logprob = self._sample(logits.unsqueeze(0), [seq])
-            self.running.append(seq)
-            self.batch = self.batch.append_row(kv)
-            self._append_token(seq, token[0], logprob[0])
+            self._append_token(seq, tok, lp)
         self._finish_done()
 
     def _decode_step(self) -> None:
