@@ -17,6 +17,7 @@ dropped; after the command exits, pipes held open by escaped grandchildren are r
 ``_DRAIN_S`` more seconds. Keep this file free of agentrl imports: it runs in the sandbox's python3.
 """
 
+import atexit
 import base64
 import contextlib
 import json
@@ -27,7 +28,10 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import types
 
 _DRAIN_S = 0.2
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events",
@@ -119,11 +123,6 @@ class _ForkedPython:
 
 
 def _child_python(code, env, cwd):
-    import atexit
-    import threading
-    import traceback
-    import types
-
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if cwd:
         os.chdir(cwd)
