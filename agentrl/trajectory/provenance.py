@@ -66,6 +66,14 @@ class Provenance(Sequence[TokenProvenance]):
         self._starts = [r.start for r in self._runs]
 
     @classmethod
+    def _trusted(cls, runs: list[ProvenanceRun]) -> Provenance:
+        """Wrap runs the manager built (contiguous, valid, no equal neighbours) without re-checking them."""
+        self = cls.__new__(cls)
+        self._runs = tuple(runs)
+        self._starts = [r.start for r in runs]
+        return self
+
+    @classmethod
     def from_entries(cls, entries: Iterable[TokenProvenance | Sequence]) -> Provenance:
         """Compact a per-token list back into runs."""
         runs = []
