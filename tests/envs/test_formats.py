@@ -27,7 +27,7 @@ calls = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(calls=calls, before=st.text(max_size=20).filter(lambda s: "tool_call>" not in s))
 def test_hermes_round_trip(calls, before):
     fmt = HermesFormat()
@@ -36,7 +36,7 @@ def test_hermes_round_trip(calls, before):
     assert parsed.errors == [] and parsed.content == before.strip()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(calls=calls)
 def test_llama3_round_trip(calls):
     fmt = Llama3JsonFormat()
