@@ -12,6 +12,11 @@ through a real smg router:
 "Added p50" is the p50 of a configuration minus the p50 of raw aiohttp direct at the same concurrency.
 Targets (2 cores): >= 2,000 req/s and <= 1 ms added p50 for RolloutClient through smg.
 
+Wall-clock numbers depend on what else runs on the machine, so each cell also records the CPU time
+spent per request by the client process, the stub and the smg router (from /proc), and the load
+average. ``cpu_capacity_req_per_s`` = 2 cores / (client + router + stub CPU per request): the rate two
+otherwise idle cores could sustain for that configuration.
+
     python benchmarks/client_bench.py [--requests 3000] [--out benchmarks/results/client_bench.json]
 """
 
@@ -42,6 +47,17 @@ PARAMS = {"max_new_tokens": 1}
 def _body(i: int) -> bytes:
     return json.dumps({"input_ids": PROMPT, "sampling_params": PARAMS, "return_logprob": True,
                        "rid": f"b{i}"}).encode()
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process from /proc (0.0 if unknown); pid None means this process."""
+    if pid is None:
+        return time.process_time()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _drive(send, n_requests: int, concurrency: int) -> dict:
@@ -151,8 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                 n = args.requests_c1 if concurrency == 1 else args.requests
                 for path, url in targets.items():
                     for name in args.clients:
+                        pids = {"client": None, "stub": stub.pid, "router": router.pid}
+                        cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
                         result = asyncio.run(CLIENTS[name](url, n, concurrency))
-                        rows.append({"client": name, "path": path, "concurrency": concurrency, **result})
+                        cpu_us = {f"cpu_us_per_req_{k}": round((_cpu_seconds(p) - cpu0[k]) / n * 1e6, 1)
+                                  for k, p in pids.items()}
+                        if path == "direct":
+                            cpu_us["cpu_us_per_req_router"] = 0.0  # the router only saw health checks
+                        total_us = sum(cpu_us.values())
+                        rows.append({"client": name, "path": path, "concurrency": concurrency, **result, **cpu_us,
+                                     "cpu_capacity_req_per_s": round(2 * 1e6 / total_us) if total_us else None,
+                                     "load_avg_1m": round(os.getloadavg()[0], 2)})
                         print(f"  {name:<13} {path:<6} c={concurrency:<4} {result}", file=sys.stderr)
     finally:
         stub.kill()
@@ -163,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         r["added_p50_ms"] = round(r["p50_ms"] - floor.get(r["concurrency"], r["p50_ms"]), 3) \
             if r["concurrency"] in floor else None
 
-    header = f"{'client':<14}{'path':<8}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
+    header = (f"{'client':<14}{'path':<8}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
+              f"{'cli us':>8}{'smg us':>8}{'stub us':>8}{'2-core cap':>11}{'load':>6}")
     print(header)
     print("-" * len(header))
     for r in rows:
         added = "" if r["added_p50_ms"] is None else f"{r['added_p50_ms']:+.3f}"
-        print(f"{r['client']:<14}{r['path']:<8}{r['concurrency']:>5}{r['req_per_s']:>10.0f}"
-              f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{added:>9}")
+        print(f"{r['client']:<14}{r['path']:<8}{r['concurrency']:>5}{r['req_per_s']:>9.0f}"
+              f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{added:>9}{r['cpu_us_per_req_client']:>8.0f}"
+              f"{r['cpu_us_per_req_router']:>8.0f}{r['cpu_us_per_req_stub']:>8.0f}"
+              f"{r['cpu_capacity_req_per_s'] or 0:>11}{r['load_avg_1m']:>6.1f}")
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
