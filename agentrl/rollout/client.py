@@ -129,7 +129,9 @@ def parse_generate_response(prompt_ids: Sequence[int], body: dict[str, Any], rid
 class RolloutClient:
     """Pooled async client for an SGLang-compatible ``/generate`` behind smg (or one engine directly).
 
-    Use inside one event loop; the connection pool is created on first use.
+    The connection pool is created on first use in the running event loop (and again if the client is
+    later used from another loop). ``timeout`` bounds each attempt; retries are bounded by
+    ``max_retries`` and ``retry_budget_s``.
 
     >>> async with RolloutClient("http://127.0.0.1:30000") as client:      # doctest: +SKIP
     ...     turn = await client.generate_turn([1, 2, 3], session_id="ep-7",
@@ -159,6 +161,7 @@ class RolloutClient:
         self.max_connections = max_connections
         self.abort_timeout = abort_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self._generate_url = self.base_url + "/generate"
         self._abort_via_fanout: bool | None = None  # learned on the first abort: engine or smg?
         self.retries = 0  # transient failures retried so far (observability, tests)
@@ -166,7 +169,11 @@ class RolloutClient:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def _pool(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        loop = asyncio.get_running_loop()
+        # A session belongs to the loop that made it: a client reused across asyncio.run() calls gets a
+        # fresh pool (the old loop, and so its connections, are gone).
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session_loop = loop
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections,
                                              ttl_dns_cache=300, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
@@ -176,9 +183,9 @@ class RolloutClient:
         return self._session
 
     async def aclose(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._session_loop is asyncio.get_running_loop():
             await self._session.close()
-            self._session = None
+        self._session = None
 
     async def __aenter__(self) -> RolloutClient:
         self._pool()

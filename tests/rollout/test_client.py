@@ -318,3 +318,23 @@ def test_parse_accepts_abort_and_missing_logprobs():
     assert res.cached_tokens == 0
     res = parse_generate_response([1], json.loads(json.dumps(answer([1], version=None, finish="stop"))))
     assert res.finish_reason == "stop" and res.weight_version is None
+
+
+def test_one_client_survives_several_event_loops():
+    async def ok(request, body, n):
+        return web.json_response(answer(body["input_ids"]))
+
+    srv = FaultServer(ok)  # restarted on the same port inside each loop
+    client = RolloutClient(srv.url)
+
+    async def one_call(i: int):
+        async with srv:
+            return await client.generate([i], session_id="s")
+
+    assert run(one_call(1)).output_ids == (2, 3)
+    assert run(one_call(5)).output_ids == (6, 7)  # a new loop: the pool is rebuilt, not reused
+
+    async def close():
+        await client.aclose()
+
+    run(close())
