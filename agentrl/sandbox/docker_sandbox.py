@@ -33,7 +33,8 @@ AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 class DockerSandbox(ExecutorSandbox):
     """One container. ``with DockerSandbox() as sb: sb.exec("ls", timeout=5)``.
 
-    ``image`` must exist locally (it is never pulled). ``read_only_mounts`` maps container paths to
+    ``image`` must exist locally (it is never pulled) and provide ``python3`` and ``sleep``; build
+    the default with ``agentrl sandbox setup`` (or ``--image NAME`` for another tag). ``read_only_mounts`` maps container paths to
     host paths bind-mounted read-only (the grader uses it for hidden tests). ``labels`` are added to
     the agentrl labels that ``agentrl sandbox gc`` uses.
     """

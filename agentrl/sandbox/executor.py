@@ -327,13 +327,13 @@ def read(req):
 
 
 def _read_exact(fd, n):
-    buf = b""
+    buf = bytearray()  # not bytes +=: that is quadratic for multi-MB write_files requests
     while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
         if not chunk:
             return None
         buf += chunk
-    return buf
+    return bytes(buf)
 
 
 def main():

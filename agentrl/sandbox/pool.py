@@ -201,7 +201,7 @@ class SandboxPool:
         except Exception as exc:
             # Keep the slot: the next acquire retries instead of the pool shrinking for good.
             log.error("could not create a replacement sandbox: %s", exc)
-            threading.Timer(1.0, self._refill_one).start()
+            self._retry_later(1.0)
             return
         self.stats.replaced += 1
         self._idle.put(new)
@@ -214,7 +214,12 @@ class SandboxPool:
             self.stats.replaced += 1
         except Exception as exc:
             log.error("retrying sandbox creation failed: %s", exc)
-            threading.Timer(5.0, self._refill_one).start()
+            self._retry_later(5.0)
+
+    def _retry_later(self, delay_s: float) -> None:
+        timer = threading.Timer(delay_s, self._refill_one)
+        timer.daemon = True  # a dead engine must not keep the interpreter from exiting
+        timer.start()
 
     @contextlib.contextmanager
     def session(self, timeout: float | None = None) -> Iterator[Sandbox]:

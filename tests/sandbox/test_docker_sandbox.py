@@ -82,6 +82,10 @@ def test_files_roundtrip_binary_nested_and_errors(sb):
     assert sb.read_file("t.txt") == "héllo".encode()
     assert sb.read_file("d/e/blob.bin", max_bytes=10) == blob[:10]
     assert sb.exec("stat -c '%u %a' d/e/blob.bin", timeout=10).stdout == "1000 644\n"
+    big = os.urandom(8 * 2**20)
+    sb.write_files({"big.bin": big})
+    assert sb.read_file("big.bin") == big
+    assert sb.exec("rm big.bin", timeout=10).exit_code == 0
     with pytest.raises(FileNotFoundError):
         sb.read_file("missing.txt")
     with pytest.raises(IsADirectoryError):
