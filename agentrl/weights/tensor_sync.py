@@ -7,7 +7,7 @@ Transports (``transport=``):
   views of it, so the engine maps the segment and copies straight out of it.
 * ``"cuda_ipc"`` (GPU, colocated): the same request with buckets on the GPU; torch's reductions turn
   each bucket's storage into one CUDA IPC handle. Buckets are persistent staging buffers reused across
-  syncs, so the engine opens each handle once (torch caches opened handles by storage) and later syncs
+  syncs (CUDA only; shared-memory segments are fresh per sync), so the engine opens each handle once (torch caches opened handles by storage) and later syncs
   are device-to-device copies. Needs the engine on the same GPU(s); cannot run on CPU-only machines.
 * ``"safetensors"`` (any host): each bucket serialised into the HTTP body (one extra copy).
 
@@ -58,9 +58,10 @@ def serialize(named_tensors: list[tuple[str, torch.Tensor]], fmt: str | None) ->
 class StagingBuffers:
     """Bucket buffers kept across syncs (same layout each time), so handles stay valid and open once."""
 
-    def __init__(self, device: str, *, shared: bool) -> None:
+    def __init__(self, device: str, *, shared: bool, persistent: bool) -> None:
         self.device = device
         self.shared = shared
+        self.persistent = persistent
         self._buffers: dict[tuple[int, str, int], torch.Tensor] = {}
 
     def allocate(self, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -73,7 +74,8 @@ class StagingBuffers:
             buf = torch.empty(numel, dtype=dtype, device=self.device)
             if self.shared and buf.device.type == "cpu":
                 buf.share_memory_()
-            self._buffers[key] = buf
+            if self.persistent:
+                self._buffers[key] = buf
         return buf
 
     @property
@@ -106,7 +108,9 @@ class TensorSync(WeightSync):
         self.bucket_bytes = bucket_bytes
         self.flush_cache = flush_cache
         staging_device = device or ("cuda" if transport == "cuda_ipc" else "cpu")
-        self.staging = StagingBuffers(staging_device, shared=transport == "shm")
+        # CPU shared-memory segments are made fresh per sync: torch's file_system sharing unlinks a
+        # segment once a receiver has opened and released it, so a reused one is gone on the next sync.
+        self.staging = StagingBuffers(staging_device, shared=transport == "shm", persistent=transport == "cuda_ipc")
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
         fmt = "safetensors" if self.transport == "safetensors" else None
