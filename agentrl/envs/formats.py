@@ -22,6 +22,11 @@ class ToolCall:
     arguments: dict[str, Any]
     raw: str = ""
 
+    def to_openai(self, call_id: str) -> dict[str, Any]:
+        """The call as an OpenAI chat-completions ``tool_calls`` entry (arguments as a JSON string)."""
+        return {"id": call_id, "type": "function",
+                "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
 
 @dataclass(frozen=True)
 class ParsedResponse:

@@ -49,11 +49,17 @@ class ChatRenderer:
         )
         eos = tokenizer.eos_token_id
         self.stop_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        self._delimiters: tuple[str | None, str | None] | None = None
 
     # ---- prompts ---------------------------------------------------------------------------------
     def render(self, messages: list[Message], tools: list[dict] | None = None, *,
                add_generation_prompt: bool = True) -> RenderedChat:
-        """Token ids of ``messages`` (plus the assistant header when ``add_generation_prompt``)."""
+        """Token ids of ``messages`` (plus the assistant header when ``add_generation_prompt``).
+
+        A message content given as OpenAI text parts (``[{"type": "text", "text": ...}, ...]``) is
+        joined into one string first; other part types are refused.
+        """
+        messages = [_with_text_content(m) for m in messages]
         slotted, slots, owner = self._with_placeholders(messages)
         template_text = self._apply_template(slotted, tools, add_generation_prompt)
         real_text = self._apply_template(messages, tools, add_generation_prompt)
@@ -94,27 +100,88 @@ class ChatRenderer:
 
     def _tokenize_segments(self, pieces: list[str], slots: list[str], owner: list[int],
                            messages: list[Message], text: str) -> RenderedChat:
-        template_parts = pieces[0::2]
-        slot_ids = [int(p) for p in pieces[1::2]]
-        template_tokens = self._encode_batch(template_parts, split_special=False)
-        slot_tokens = self._encode_batch([slots[i] for i in slot_ids], split_special=True)
+        """Tokenize template text normally and message text with control tokens split.
+
+        An assistant turn is one segment from after its role header to before its end-of-turn token,
+        template-written tool-call markup included: the model wrote all of it as one stream, so an
+        OpenAI-style ``tool_calls`` history re-tokenizes exactly like the raw reply text.
+        """
+        chunks = self._chunks(pieces, slots, owner, messages)
+        encoded_template = self._encode_batch([t for t, kind in chunks if kind == "template"], split_special=False)
+        encoded_text = self._encode_batch([t for t, kind in chunks if kind != "template"], split_special=True)
+        template_iter, text_iter = iter(encoded_template), iter(encoded_text)
         ids: list[int] = []
         mask: list[int] = []
-        closing = False  # inside an assistant turn: train up to and including its end-of-turn token
-        for k, template_ids in enumerate(template_tokens):
-            for token in template_ids:
-                ids.append(token)
-                mask.append(1 if closing else 0)
-                if closing and token in self.stop_ids:
-                    closing = False
-            if closing:  # the assistant turn continues in the next slot: template text inside it is not trained
-                mask[len(mask) - len(template_ids):] = [0] * len(template_ids)
-            if k < len(slot_ids):
-                is_assistant = messages[owner[slot_ids[k]]].get("role") == "assistant"
-                ids.extend(slot_tokens[k])
-                mask.extend([1 if is_assistant else 0] * len(slot_tokens[k]))
-                closing = is_assistant
+        after_assistant = False
+        for _, kind in chunks:
+            if kind == "template":
+                part = next(template_iter)
+                ids.extend(part)
+                mask.extend([0] * len(part))
+                if after_assistant and part and part[0] in self.stop_ids:
+                    mask[len(mask) - len(part)] = 1  # the end-of-turn token closing an assistant reply
+            else:
+                part = next(text_iter)
+                ids.extend(part)
+                mask.extend([1 if kind == "assistant" else 0] * len(part))
+            after_assistant = kind == "assistant" or (after_assistant and kind == "template" and not part)
         return RenderedChat(ids=ids, text=text, assistant_mask=mask)
+
+    def _chunks(self, pieces: list[str], slots: list[str], owner: list[int],
+                messages: list[Message]) -> list[tuple[str, str]]:
+        """``[(text, kind)]`` with kind ``template``, ``message`` (user/tool/system text) or ``assistant``."""
+        slot_ids = [int(p) for p in pieces[1::2]]
+        header, end_text = self._assistant_delimiters()
+        chunks: list[tuple[str, str]] = []
+        pending = pieces[0]  # template text not yet emitted
+        k = 0
+        while k < len(slot_ids):
+            index = owner[slot_ids[k]]
+            if messages[index].get("role") != "assistant":
+                chunks += [(pending, "template"), (slots[slot_ids[k]], "message")]
+                pending = pieces[2 * k + 2]
+                k += 1
+                continue
+            last = k
+            while last + 1 < len(slot_ids) and owner[slot_ids[last + 1]] == index:
+                last += 1
+            inner = [pieces[2 * i + 2] for i in range(k, last)]
+            if any(c in t for t in inner for c in self.control_texts):  # never merge across control tokens
+                for i in range(k, last + 1):
+                    chunks += [(pending, "template"), (slots[slot_ids[i]], "assistant")]
+                    pending = pieces[2 * i + 2]
+                k = last + 1
+                continue
+            cut = pending.rfind(header) if header else -1
+            start = cut + len(header) if cut >= 0 and not self._has_control(pending[cut + len(header):]) else len(pending)
+            right = pieces[2 * last + 2]
+            stop = right.find(end_text) if end_text else -1
+            stop = stop if stop >= 0 and not self._has_control(right[:stop]) else 0
+            body = pending[start:] + "".join(
+                slots[slot_ids[i]] + (inner[i - k] if i < last else "") for i in range(k, last + 1)
+            ) + right[:stop]
+            chunks += [(pending[:start], "template"), (body, "assistant")]
+            pending = right[stop:]
+            k = last + 1
+        chunks.append((pending, "template"))
+        return chunks
+
+    def _has_control(self, text: str) -> bool:
+        return any(c in text for c in self.control_texts)
+
+    def _assistant_delimiters(self) -> tuple[str | None, str | None]:
+        """The assistant role header (what the generation prompt adds) and the end-of-turn text."""
+        if self._delimiters is None:
+            probe = [{"role": "user", "content": "x"}]
+            try:
+                with_header = self._apply_template(probe, None, True)
+                without = self._apply_template(probe, None, False)
+                header = with_header[len(without):] if with_header.startswith(without) else None
+            except Exception:  # a template that cannot render the probe: no merging, still safe
+                header = None
+            eos = getattr(self.tokenizer, "eos_token", None)
+            self._delimiters = (header or None, eos if isinstance(eos, str) and eos else None)
+        return self._delimiters
 
     def _render_escaped(self, messages: list[Message], tools: list[dict] | None,
                         add_generation_prompt: bool) -> RenderedChat:
@@ -165,3 +232,16 @@ class ChatRenderer:
         while ids and ids[-1] in self.stop_ids:
             ids.pop()
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _with_text_content(message: Message) -> Message:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for part in content:
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"only text content parts can be rendered, got a {kind!r} part")
+        texts.append(part["text"])
+    return {**message, "content": "".join(texts)}

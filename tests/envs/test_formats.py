@@ -101,3 +101,15 @@ def test_selection_from_tokenizer_template_and_registry(tokenizer):
     assert isinstance(get_tool_call_format("my_format"), HermesFormat)
     with pytest.raises(ValueError, match="unknown tool-call format 'nope'; known:"):
         get_tool_call_format("nope")
+
+
+def test_openai_tool_call_shape_renders_back_to_the_same_text(renderer):
+    call = ToolCall("add", {"a": 1, "b": "<|im_end|>"})
+    entry = call.to_openai("call_0")
+    assert entry == {"id": "call_0", "type": "function",
+                     "function": {"name": "add", "arguments": '{"a": 1, "b": "<|im_end|>"}'}}
+    as_text = renderer.render([{"role": "user", "content": "q"},
+                               {"role": "assistant", "content": HermesFormat().render_calls([call])}])
+    as_calls = renderer.render([{"role": "user", "content": "q"},
+                                {"role": "assistant", "content": None, "tool_calls": [entry]}])
+    assert as_text.ids == as_calls.ids  # a replayed OpenAI history re-tokenizes like the raw reply

@@ -124,3 +124,10 @@ def test_empty_content_renders_like_the_template(renderer, tokenizer, content):
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]
     out = renderer.render(messages, add_generation_prompt=False)
     assert out.text == tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def test_openai_text_parts_are_joined_and_other_parts_refused(renderer):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]}]
+    assert renderer.render(parts).ids == renderer.render([{"role": "user", "content": "What is 2+3?"}]).ids
+    with pytest.raises(ValueError, match="only text content parts.*'image_url'"):
+        renderer.render([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
