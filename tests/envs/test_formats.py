@@ -113,3 +113,4 @@ def test_openai_tool_call_shape_renders_back_to_the_same_text(renderer):
     as_calls = renderer.render([{"role": "user", "content": "q"},
                                 {"role": "assistant", "content": None, "tool_calls": [entry]}])
     assert as_text.ids == as_calls.ids  # a replayed OpenAI history re-tokenizes like the raw reply
+    assert as_text.assistant_mask == as_calls.assistant_mask and sum(as_calls.assistant_mask) > 10
