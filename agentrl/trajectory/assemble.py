@@ -125,6 +125,7 @@ def assemble_sample(
     loss_mask: list[int] = []
     logprobs: list[float] = []
     trained_turns: list[int] = []
+    trained_tokens = 0
     response_start = min(chain.response_start, n)
     for start, end, source, k, trained in segments:
         end = min(end, n)
@@ -144,6 +145,7 @@ def assemble_sample(
             else:
                 logprobs += [0.0] * width
             trained_turns.append(turn)
+            trained_tokens += width
         else:
             loss_mask += [0] * width
             logprobs += [0.0] * width
@@ -158,5 +160,5 @@ def assemble_sample(
         provenance=Provenance._trusted(runs),  # contiguous by construction; verify() re-checks
         status=_status(recs, n < full_length),
     )
-    facts = {"trained_turns": trained_turns, "budget_cut": n < full_length}
+    facts = {"trained_turns": trained_turns, "trained_tokens": trained_tokens, "budget_cut": n < full_length}
     return sample, facts

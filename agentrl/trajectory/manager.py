@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.trajectory.assemble import Chain, assemble_sample
-from agentrl.trajectory.policies import DRIFT_OUTCOMES, FORKED, Drift, DriftPolicy, make_policy
+from agentrl.trajectory.policies import DRIFT_OUTCOMES, FORKED, REALIGNED, Drift, DriftPolicy, make_policy
 from agentrl.trajectory.records import TurnRecord
 from agentrl.trajectory.sample import Sample
 from agentrl.trajectory.tree import MessageTree, message_key
@@ -265,18 +265,20 @@ class TrajectoryManager:
             for t, d, o in zip(chain.turns[1:], chain.divergences[1:], chain.outcomes[1:], strict=True)
             if o != CLEAN
         ]
-        counts = Counter(chain.outcomes)
+        counts = dict.fromkeys(TURN_OUTCOMES, 0)
+        for outcome in chain.outcomes:
+            counts[outcome] += 1
         metadata: dict[str, Any] = {
             "turns": list(chain.turns),
             "trained_turns": [t for t in chain.turns if t in trained],
             "untrained_turns": untrained,
             "lost_turns": list(chain.lost_turns),
             "outcomes": list(chain.outcomes),
-            "drift": {o: counts.get(o, 0) for o in TURN_OUTCOMES},
+            "drift": counts,
             "drift_points": drift_points,
             "forked": chain.outcomes[0] == FORKED,
             "branched": chain.outcomes[0] == BRANCHED,
-            "realigned": counts.get("realigned", 0),
+            "realigned": counts[REALIGNED],
             "truncated": facts["budget_cut"],
             "use_tool": any(session.used_tool[t] for t in chain.turns),
             "finish_reasons": [records[t].finish_reason for t in chain.turns],
@@ -295,7 +297,7 @@ class TrajectoryManager:
         sample.metadata = metadata
         self._stats["samples"] += 1
         self._stats["turns_untrained"] += len(untrained) + len(chain.lost_turns)
-        self._stats["tokens_untrained"] += sum(
-            len(records[t].output_ids) for t in chain.turns + chain.lost_turns
-        ) - sum(sample.loss_mask)
+        self._stats["tokens_untrained"] += (
+            sum(len(records[t].output_ids) for t in chain.turns + chain.lost_turns) - facts["trained_tokens"]
+        )
         return sample
