@@ -129,13 +129,14 @@ class RolloutManager:
         )
         seconds = time.perf_counter() - started
         groups = [[s for episode in group for s in episode.samples] for group in result.groups]
-        metrics = {f"rollout/{k}": float(v) for k, v in result.summary().items()}
+        metrics: dict[str, float] = {}
+        for key, value in result.summary().items():  # nested counts (drift, stop reasons) flatten to a/b
+            if isinstance(value, dict):
+                prefix = "drift" if key == "drift" else f"rollout/{key}"
+                metrics.update({f"{prefix}/{k}": float(v) for k, v in value.items()})
+            else:
+                metrics[f"rollout/{key}"] = float(value)
         generated = sum(e.metrics.generated_tokens for e in result.episodes)
-        drift: dict[str, int] = {}
-        for episode in result.episodes:
-            for outcome, count in episode.metrics.drift.items():
-                drift[outcome] = drift.get(outcome, 0) + count
-        metrics.update({f"drift/{k}": float(v) for k, v in drift.items()})
         metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
         return RolloutBatch(groups=[g for g in groups if g], metrics=metrics)
 

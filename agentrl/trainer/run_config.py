@@ -1,9 +1,9 @@
 """Configuration of a training run (``agentrl train``): one pydantic model, loaded from YAML, every field
-overridable on the command line as ``--section.field value`` (e.g. ``--rollout.num_engines 1 --steps 10``)."""
+overridable on the command line as ``--section.field value`` (e.g. ``--rollout.num_engines 1 --steps 10
+--trainer.lr 3e-5``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -43,20 +43,6 @@ class RolloutSection(_Section):
     rollout_function: str | None = Field(None, description="dotted path replacing the agent loop")
 
 
-class TrainSection(_Section):
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    advantage: Literal["grpo", "dr_grpo"] = "grpo"
-    normalization: Literal["token_mean", "seq_mean", "token_sum"] = "token_mean"
-    micro_batch_tokens: int = 8192
-    group_filter: str = "agentrl.rollout.buffer:has_reward_variance"
-
-
 class EvalSection(_Section):
     every: int = 5
     num_tasks: int = 200
@@ -64,6 +50,11 @@ class EvalSection(_Section):
 
 class RunConfig(_Section):
     env: str = "agentrl.envs.arithmetic:ArithmeticToolEnv"
+    # fn(n, *, seed, split, **task_kwargs) -> tasks; split is "train" or "heldout"
+    tasks: str = "agentrl.envs.arithmetic:make_tasks"
+    task_kwargs: dict[str, Any] = Field(default_factory=lambda: {"multi_turn": True})
+    # fn(task) -> the expert's messages for supervised warm-up
+    expert: str = "agentrl.envs.arithmetic:expert_messages"
     output_dir: str = "runs/arithmetic"
     cache_dir: str = ".cache/agentrl"
     steps: int = 40
@@ -74,19 +65,12 @@ class RunConfig(_Section):
     model: ModelSection = ModelSection()
     warmup: WarmupSection = WarmupSection()
     rollout: RolloutSection = RolloutSection()
-    train: TrainSection = TrainSection()
+    # Keyword arguments of agentrl.trainer.trainer_config.TrainerConfig (validated there), e.g. lr, loss.
+    trainer: dict[str, Any] = Field(default_factory=lambda: {"lr": 1e-4, "loss": {"kl_coef": 1e-3}})
+    group_filter: str = "agentrl.rollout.buffer:has_reward_variance"
+    colocate: bool = False
+    trainer_ranks: int = 1
     eval: EvalSection = EvalSection()
-
-
-def _flatten(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            fields.update(_flatten(annotation, f"{prefix}{name}."))
-        else:
-            fields[f"{prefix}{name}"] = info
-    return fields
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -96,24 +80,40 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = RunConfig) -> None:
-    """Add one ``--dotted.name`` option per config field (values parse as JSON, else stay strings)."""
-    for dotted, info in _flatten(model).items():
-        parser.add_argument(f"--{dotted}", dest=f"cfg:{dotted}", default=None, metavar="V", help=info.description)
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--rollout.num_engines", "1", "--trainer.loss.kl_coef", "0"]`` -> nested dict (JSON values,
+    else strings). Unknown names are rejected later by validation, with the field path in the message."""
+    tree: dict[str, Any] = {}
+    it = iter(args)
+    for flag in it:
+        if not flag.startswith("--") or len(flag) < 3:
+            raise ValueError(f"expected --section.field VALUE, got {flag!r}")
+        key, eq, value = flag[2:].partition("=")
+        if not eq:
+            value = next(it, None)
+            if value is None:
+                raise ValueError(f"{flag} needs a value")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        _set_dotted(tree, key.replace("-", "_"), parsed)
+    return tree
 
 
-def load_config(path: str | Path | None, args: argparse.Namespace | None = None) -> RunConfig:
-    """Read YAML at ``path`` (optional), apply command-line overrides, validate."""
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """Read YAML at ``path`` (optional), apply ``--section.field VALUE`` overrides, validate."""
     import yaml
 
-    raw: dict = {}
-    if path:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    for key, value in vars(args or argparse.Namespace()).items():
-        if key.startswith("cfg:") and value is not None:
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError:
-                parsed = value
-            _set_dotted(raw, key[4:], parsed)
+    raw: dict = yaml.safe_load(Path(path).read_text()) or {} if path else {}
+    raw = _merge(raw, parse_overrides(list(overrides)))
+    if "trainer" in raw:  # merge into the defaults rather than replacing them
+        raw["trainer"] = _merge(RunConfig.model_fields["trainer"].default_factory(), raw["trainer"])
     return RunConfig.model_validate(raw)

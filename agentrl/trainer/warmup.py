@@ -84,7 +84,7 @@ def supervised_warmup(
             model.save_pretrained(out, safe_serialization=True)
             tokenizer.save_pretrained(out)
             accuracy = evaluate(out)
-            record = {"warmup_step": step, "warmup_loss": float(loss), "eval_accuracy": accuracy}
+            record = {"warmup_step": step, "warmup_loss": loss.item(), "eval_accuracy": accuracy}
             history.append(record)
             if progress:
                 progress(record)
