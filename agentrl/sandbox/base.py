@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import posixpath
-import shlex
 from collections.abc import Mapping, Sequence
 
 from agentrl.sandbox.blocking import run_blocking
@@ -161,7 +160,3 @@ def work_path(workdir: str, path: str) -> str:
     if full == root or not full.startswith(root + "/"):
         raise ValueError(f"path {path!r} is outside the sandbox work dir {workdir}")
     return full[len(root) + 1:]
-
-
-def shell_quote(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import logging
 import os
 import select
 import socket
@@ -16,8 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agentrl.sandbox.result import ExecResult
-
-log = logging.getLogger(__name__)
 
 EXECUTOR_SOURCE = Path(__file__).with_name("executor.py").read_text()
 # Extra seconds the client waits beyond a command's own timeout before declaring the executor stuck.
@@ -174,7 +171,7 @@ class ExecutorClient:
         self.transport.close()
 
 
-def executor_lost_result(argv: list[str], started: float, *, timed_out: bool, why: str) -> ExecResult:
+def executor_lost_result(started: float, *, timed_out: bool, why: str) -> ExecResult:
     """The result reported when a command took the executor down with it (or it got stuck)."""
     return ExecResult(exit_code=137, stdout="", stderr=f"sandbox: {why}\n", timed_out=timed_out,
                       oom_killed=False, duration_s=time.monotonic() - started, truncated=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import abc
 import base64
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -14,8 +13,6 @@ from collections.abc import Mapping
 from agentrl.sandbox.base import Sandbox, SandboxError, work_path
 from agentrl.sandbox.executor_client import ExecutorClient, ExecutorGone, ExecutorStuck, executor_lost_result
 from agentrl.sandbox.result import ExecResult
-
-log = logging.getLogger(__name__)
 
 AGENT_UID = 1000
 BASE_ENV = {
@@ -125,12 +122,12 @@ class ExecutorSandbox(Sandbox):
                     return ExecResult(exit_code=-1, stdout="", stderr=f"sandbox: {self._gone_reason}\n",
                                       timed_out=False, oom_killed=False,
                                       duration_s=time.monotonic() - started, truncated=False)
-                return executor_lost_result(argv, started, timed_out=False,
+                return executor_lost_result(started, timed_out=False,
                                             why="the command killed the sandbox executor")
             except ExecutorStuck:
                 self._force_kill_processes()
                 self._drop_executor()
-                return executor_lost_result(argv, started, timed_out=True,
+                return executor_lost_result(started, timed_out=True,
                                             why="no answer within timeout + grace; every process was killed")
 
     def _call(self, request: dict, timeout: float = _FILE_OP_TIMEOUT) -> dict:

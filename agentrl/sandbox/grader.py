@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 import secrets
 import shutil
 import tempfile
@@ -32,8 +31,6 @@ from agentrl.sandbox.blocking import run_blocking
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.sandbox.result import ExecResult
-
-log = logging.getLogger(__name__)
 
 RUNNER_SOURCE = Path(__file__).with_name("grade_runner.py").read_text()
 MOUNT = "/grader"
