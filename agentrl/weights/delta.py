@@ -99,18 +99,26 @@ def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, encodi
         raise ValueError(f"{name}: snapshot {old.dtype}{list(old.shape)} vs new {new.dtype}{list(new.shape)}")
     old_bits = flat_bits(old).to(new_bits.device)
     base_xxh = bits_checksum(old_bits)
-    index_t = changed_indices(old_bits, new_bits)
-    changed = int(index_t.numel())
-    if encoding == "auto":
-        max_gap = int((index_t.diff(prepend=index_t.new_tensor([-1])) - 1).max()) if changed else 0
-        encoding = choose_encoding(changed, numel, max_gap)
-    if encoding not in ENCODINGS:
+    if encoding not in (*ENCODINGS, "auto"):
         raise ValueError(f"unknown delta encoding {encoding!r}; choose from {ENCODINGS} or 'auto'")
+    differs = old_bits != new_bits
+    changed = int(differs.sum())
+    index_t = None
+    if encoding == "auto":
+        # Dense changes: XOR without ever materialising indices. Sparse: indices are few, gaps cheap.
+        if numel == 0 or changed / numel > XOR_DENSITY:
+            encoding = "xor"
+        else:
+            index_t = differs.nonzero().reshape(-1)
+            max_gap = int((index_t.diff(prepend=index_t.new_tensor([-1])) - 1).max()) if changed else 0
+            encoding = choose_encoding(changed, numel, max_gap)
     if encoding == "xor":
         xor = (old_bits ^ new_bits).cpu().numpy()
         sections = [shuffle_bytes(xor)]
         count = numel
     else:
+        if index_t is None:
+            index_t = differs.nonzero().reshape(-1)
         index = index_t.cpu().numpy()
         values = new_bits[index_t].cpu().numpy()
         sections = [*encode_indices(encoding, index), shuffle_bytes(values)]

@@ -13,6 +13,17 @@ from agentrl.engine.launch import EngineProcess
 N_ENGINES = 2
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny tensors: extra intra-op threads only contend with the engines for the two cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from agentrl.models.tiny import make_tiny_model
@@ -25,7 +36,8 @@ def engines(tiny_model_dir) -> Iterator[list[EngineProcess]]:
     """Two engine processes on the tiny model, shared by all weight tests (started in parallel).
 
     Every test begins with a full sync of its own trainer, so no test depends on what another left."""
-    procs = [EngineProcess(tiny_model_dir) for _ in range(N_ENGINES)]
+    # One thread per engine: two engines and the test process share two cores in CI.
+    procs = [EngineProcess(tiny_model_dir, env={"OMP_NUM_THREADS": "1"}) for _ in range(N_ENGINES)]
     try:
         for p in procs:
             p.start()
