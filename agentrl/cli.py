@@ -12,8 +12,8 @@ import sys
 # name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentrl.trainer.main:main", "run GRPO end to end (rollout, Megatron training, weight sync)"),
-    "rollout": ("agentrl.rollout.main:main", "rollout only: run episodes and save Samples as JSONL"),
-    "eval": ("agentrl.rollout.evaluate:main", "held-out accuracy of a model directory on an environment"),
+    "rollout": ("agentrl.rollout.commands:rollout_main", "rollout only: run episodes and save Samples as JSONL"),
+    "eval": ("agentrl.rollout.commands:eval_main", "held-out accuracy of a model directory on an environment"),
     "serve": ("agentrl.rollout.serve:main", "embedded engines behind the smg router in one command"),
     "gateway": ("agentrl.rollout.gateway:main", "OpenAI-compatible /v1/chat/completions that records trajectories"),
     "sandbox": ("agentrl.sandbox.cli:main", "sandbox setup (dockerd + base image) and gc of orphaned containers"),
