@@ -272,3 +272,33 @@ def test_forked_python_timeout_and_cap(local_executor):
     r = local_executor.run(["python3"], timeout=0.5, stdin=None, env={}, cwd="/tmp", limit=10,
                            python_code="print('x' * 100, flush=True)\nwhile True: pass")
     assert r.timed_out and r.exit_code == 137 and r.truncated and r.stdout == "x" * 10
+
+
+def test_async_calls_run_in_a_bounded_thread_pool():
+    import asyncio
+    import threading
+
+    from agentrl.sandbox import blocking
+
+    active, peak, lock = 0, 0, threading.Lock()
+
+    def slow_call():
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+
+    async def main():
+        await asyncio.gather(*[blocking.run_blocking(slow_call) for _ in range(8)])
+
+    blocking.configure(2)
+    try:
+        asyncio.run(main())
+    finally:
+        blocking.configure(32)
+    assert peak == 2
+    with pytest.raises(ValueError):
+        blocking.configure(0)
