@@ -23,7 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # fail fast, before the slow torch/transformers imports, on a path that cannot be a model
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        parser.error(f"--model {args.model!r} is not a local model directory (no config.json)")
     import uvicorn
 
     from agentrl.engine.engine import Engine, EngineConfig

@@ -47,7 +47,7 @@ def test_lru_eviction_bounds_tokens():
     assert len(cache) == 0 and cache.num_tokens == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 3), max_size=30), st.lists(st.integers(0, 3), max_size=30))
 def test_common_prefix_len_property(a, b):
     n = common_prefix_len(a, b)

@@ -184,7 +184,9 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
     from agentrl.engine.weight_group import broadcast, destroy_group, init_custom_process_group
 
     port = free_port()
-    with EngineProcess(tiny_model) as eng, httpx.Client(base_url=eng.url, timeout=120) as client:
+    eng = EngineProcess(tiny_model).start()
+    eng.wait_healthy(timeout=180)  # generous: CI machines may be busy
+    with eng, httpx.Client(base_url=eng.url, timeout=120) as client:
         replies: dict[str, httpx.Response] = {}
 
         def call(key: str, path: str, body: dict) -> threading.Thread:
@@ -225,3 +227,4 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
         r = client.post("/update_weights_from_tensor", json=body)
         assert r.status_code == 200, r.text
         assert client.get("/weights_checksum").json()["total"] == weights_checksum(params_a.items())["total"]
+    assert not eng.alive and eng.proc.returncode == 0  # SIGTERM: a clean uvicorn shutdown
