@@ -69,3 +69,21 @@ def test_episodes_through_the_engine_verify(engine, renderer):
         for sample in episode.samples:
             for mask, prov in zip(sample.loss_mask, sample.provenance[sample.response_start:], strict=True):
                 assert not mask or prov.source == "model"
+
+
+def test_search_r1_episode_through_the_engine_verifies(engine, renderer):
+    pytest.importorskip("bm25s")
+    pytest.importorskip("countryinfo")
+    from examples.search_r1.env import SearchR1Env
+    from examples.search_r1.questions import make_questions
+
+    generate = HttpGenerate(engine.url)
+    tasks = make_questions(2, split="heldout", seed=1)
+    result = asyncio.run(generate_rollout(
+        SearchR1Env, tasks, generate, renderer, concurrency=2, max_context_tokens=512,
+        sampling_params={"temperature": 1.0, "max_new_tokens": 24},
+    ))
+    assert result.summary()["failed"] == 0, [e.metrics.error for e in result.episodes]
+    for episode in result.episodes:
+        assert episode.metrics.turns >= 1
+        verify_session(episode.samples, generate.turns[episode.session_id])
