@@ -55,7 +55,11 @@ DRIFT_EPISODE = [
 
 
 class ChatTokenizer:
-    """The tiny tokenizer through transformers: chat template to text, text to ids."""
+    """A tokenizer directory through transformers: chat template to text, text to ids.
+
+    ``run_demo`` only needs ``encode``, ``prompt_ids``, ``decode_one`` and ``eos_id``; any object with
+    those works (the tests pass a faster one built on ``tokenizers`` + jinja2).
+    """
 
     def __init__(self, path: Path) -> None:
         from transformers import AutoTokenizer
@@ -97,6 +101,37 @@ def run(tok: ChatTokenizer, policy: str, episode, threshold: int = 1024):
     return outcomes, samples, records
 
 
+def run_demo(tok: ChatTokenizer) -> tuple[str, list]:
+    """Play every episode x policy; return the printed report and the drifting episode's realign samples."""
+    lines = []
+    rows = [("clean episode", "realign", CLEAN_EPISODE, 1024)]
+    rows += [("drifting episode", policy, DRIFT_EPISODE, 1024) for policy in ("realign", "fork", "truncate")]
+    rows.append(("drifting episode", "realign", DRIFT_EPISODE, 4))
+    lines.append(
+        f"{'episode':<17} {'policy':<9} {'threshold':>9}  {'outcomes per turn':<34} samples  "
+        "trained turns   trained/sampled tokens"
+    )
+    kept: list = []
+    for name, policy, episode, threshold in rows:
+        outcomes, samples, records = run(tok, policy, episode, threshold)
+        trained = [sorted(trained_turns(s)) for s in samples]
+        n_trained = sum(sum(s.loss_mask) for s in samples)
+        sampled = sum(len(r.output_ids) for r in records)
+        lines.append(
+            f"{name:<17} {policy:<9} {threshold:>9}  {', '.join(outcomes):<34} {len(samples):>7}  "
+            f"{str(trained):<15} {n_trained}/{sampled}"
+        )
+        if name == "drifting episode" and policy == "realign" and threshold == 1024:
+            kept = samples
+    lines.append(
+        "\nEvery sample above passed verify(): each trained token is a sampled token at its sampled position,"
+        "\nwith its sampled log-prob, after exactly the tokens the engine saw; nothing else is trained.\n"
+    )
+    lines.append("The drifting episode under policy=realign, token by token:\n")
+    lines.append(format_sample(0, kept[0], tok.decode_one))
+    return "\n".join(lines), kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m agentrl.trajectory.demo", description=__doc__.splitlines()[0]
@@ -110,32 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     tok = ChatTokenizer(Path(args.tokenizer))
-    print(f"tokenizer: {args.tokenizer} (vocab {len(tok.hf)})\n")
-
-    rows = [("clean episode", "realign", CLEAN_EPISODE, 1024)]
-    rows += [("drifting episode", policy, DRIFT_EPISODE, 1024) for policy in ("realign", "fork", "truncate")]
-    rows.append(("drifting episode", "realign", DRIFT_EPISODE, 4))
-    print(
-        f"{'episode':<17} {'policy':<9} {'threshold':>9}  {'outcomes per turn':<34} samples  trained turns   trained/sampled tokens"
-    )
-    kept = None
-    for name, policy, episode, threshold in rows:
-        outcomes, samples, records = run(tok, policy, episode, threshold)
-        trained = [sorted(trained_turns(s)) for s in samples]
-        n_trained = sum(sum(s.loss_mask) for s in samples)
-        sampled = sum(len(r.output_ids) for r in records)
-        print(
-            f"{name:<17} {policy:<9} {threshold:>9}  {', '.join(outcomes):<34} {len(samples):>7}  {str(trained):<15} {n_trained}/{sampled}"
-        )
-        if name == "drifting episode" and policy == "realign" and threshold == 1024:
-            kept = samples
-    print(
-        "\nEvery sample above passed verify(): each trained token is a sampled token at its sampled position,"
-    )
-    print("with its sampled log-prob, after exactly the tokens the engine saw; nothing else is trained.\n")
-
-    print("The drifting episode under policy=realign, token by token:\n")
-    print(format_sample(0, kept[0], tok.decode_one))
+    print(f"tokenizer: {args.tokenizer} (vocab {len(tok.hf)}, via transformers)\n")
+    report, kept = run_demo(tok)
+    print(report)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(s.to_dict()) + "\n" for s in kept), encoding="utf-8")
         print(f"\nwrote {args.out}; inspect it with: agentrl dump {args.out} --tokenizer {args.tokenizer}")

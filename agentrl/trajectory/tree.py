@@ -18,7 +18,11 @@ def message_key(message: Mapping[str, Any]) -> tuple:
         raise TypeError(
             f"a chat message must be a mapping (e.g. {{'role': ..., 'content': ...}}), got {type(message).__name__}"
         )
-    return tuple(sorted((str(k), _freeze(v)) for k, v in message.items()))
+    items = tuple(message.items())
+    # Fast path for the common flat message ({"role": str, "content": str | None}).
+    if all(type(k) is str and (v is None or type(v) is str) for k, v in items):
+        return tuple(sorted(items))
+    return tuple(sorted((str(k), _freeze(v)) for k, v in items))
 
 
 def _freeze(value: Any) -> Any:

@@ -83,14 +83,48 @@ def test_dump_reports_bad_files(tmp_path, capsys, content, message):
     assert dump_main([str(tmp_path / "missing.json")]) == 2
 
 
-def test_demo_shows_the_contract(tmp_path, capsys):
+class _FastChat:
+    """The demo's tokenizer interface over the test tokenizer (tokenizers + jinja2: no transformers import)."""
+
+    def __init__(self) -> None:
+        from real_tokenizers import tiny_tokenizer
+
+        self.tok = tiny_tokenizer()
+        self.eos_id = self.tok.eos_id
+
+    def encode(self, text):
+        return self.tok.encode(text)
+
+    def prompt_ids(self, messages):
+        return self.tok.prompt_ids(messages)
+
+    def decode_one(self, token):
+        return self.tok.decode([token])
+
+
+def test_demo_shows_the_contract():
+    from agentrl.trajectory.demo import run_demo
+
+    report, samples = run_demo(_FastChat())
+    lines = report.splitlines()
+    assert any("clean episode" in line and "new, clean, clean" in line and "51/51" in line for line in lines)
+    rows = {tuple(line.split()[2:4]): line for line in lines if line.startswith("drifting episode")}
+    assert "new, clean, realigned" in rows[("realign", "1024")] and "32/52" in rows[("realign", "1024")]
+    assert "new, clean, forked" in rows[("fork", "1024")] and "52/52" in rows[("fork", "1024")]
+    assert "new, clean, truncated" in rows[("truncate", "1024")]
+    assert "new, clean, forked" in rows[("realign", "4")]
+    assert "<<< drift: turn 2 re-rendered from here (realigned)" in report
+    (sample,) = samples
+    assert sample.metadata["outcomes"] == ["new", "clean", "realigned"]
+
+
+def test_demo_main_through_transformers(tmp_path, capsys):
+    """The command scripts/main runs, end to end (imports transformers: the slowest test here)."""
     pytest.importorskip("transformers")
     from agentrl.trajectory.demo import main as demo_main
 
     out_file = tmp_path / "demo.jsonl"
     assert demo_main(["--out", str(out_file)]) == 0
-    out = capsys.readouterr().out
-    assert "new, clean, clean" in out and "new, clean, realigned" in out and "new, clean, forked" in out
-    assert "new, clean, truncated" in out and "<<< drift: turn 2" in out
+    assert "new, clean, realigned" in capsys.readouterr().out
     (sample,) = load_samples(out_file)
     assert sample.metadata["outcomes"] == ["new", "clean", "realigned"]

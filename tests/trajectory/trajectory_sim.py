@@ -21,7 +21,7 @@ TOKENS = st.integers(min_value=2, max_value=40)
 
 settings.register_profile(
     "trajectory",
-    max_examples=int(os.environ.get("AGENTRL_HYPOTHESIS_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("AGENTRL_HYPOTHESIS_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
