@@ -164,7 +164,8 @@ async def run_episode(
                 break
             params = dict(sampling_params or {})
             if budget is not None:
-                params["max_new_tokens"] = min(params.get("max_new_tokens", budget), budget)
+                requested = params.get("max_new_tokens")
+                params["max_new_tokens"] = budget if requested is None else min(requested, budget)
             turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
             text = renderer.decode_response(turn.output_ids)
             parsed = fmt.parse(text)

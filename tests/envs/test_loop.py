@@ -130,6 +130,10 @@ def test_context_length_caps_new_tokens_and_stops(tokenizer, renderer):
     result = play(ArithmeticToolEnv(), task, policy, renderer, max_context_tokens=context,
                   sampling_params={"max_new_tokens": 1000, "temperature": 1.0})
     assert policy.sampling_params[0] == {"max_new_tokens": 60, "temperature": 1.0}
+    unset = ScriptedPolicy(tokenizer, [call("add", a=1, b=2)])
+    play(ArithmeticToolEnv(), task, unset, renderer, max_context_tokens=context,
+         sampling_params={"max_new_tokens": None})
+    assert unset.sampling_params[0] == {"max_new_tokens": 60}
     assert result.metrics.stop_reason == "context_length"
     for rec in policy.turns["s0"]:
         assert len(rec.prompt_ids) + len(rec.output_ids) <= context
