@@ -254,6 +254,7 @@ def test_pool_rejects_bad_arguments():
     ("import sys\nprint(sys.argv, __name__)\nprint(input())", b"hey\n", 0, "['-c'] __main__\nhey\n", ""),
     ("raise ValueError('boom')", None, 1, "", 'File "<string>", line 1, in <module>\nValueError: boom\n'),
     ("import sys; sys.exit(3)", None, 3, "", ""),
+    ("def f(:\n    pass", None, 1, "", '  File "<string>", line 1\n    def f(:\n          ^\nSyntaxError: invalid syntax\n'),
     ("import sys; sys.exit('msg')", None, 1, "", "msg\n"),
     ("import atexit; atexit.register(lambda: print('bye'))", None, 0, "bye\n", ""),
     ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.1), print('thr'))).start()",
