@@ -45,7 +45,7 @@ def train(cfg: RunConfig, *, resume: bool = False) -> Path:
     base = base_model_dir(cfg)
     rollout = remote(RolloutWorker, num_cpus=0).remote(str(base), cfg.env, settings)
     try:
-        model_dir = warm_model_dir(cfg, base, rollout, heldout, log)
+        model_dir = warm_model_dir(cfg, base, rollout, heldout, None if resume else log)
         trainers = start_trainer_group(model_dir, cfg.trainer, cfg.trainer_ranks)
         urls = ray.get(rollout.engine_urls.remote())
         buffer = DataBuffer(load_function(cfg.group_filter))

@@ -46,8 +46,10 @@ def base_model_dir(cfg: RunConfig) -> Path:
     return out
 
 
-def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any], log: MetricsLog) -> Path:
-    """Supervised warm-up of ``base`` on expert chats, evaluated through the rollout engines; cached."""
+def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any], log: MetricsLog | None) -> Path:
+    """Supervised warm-up of ``base`` on expert chats, evaluated through the rollout engines; cached.
+
+    Warm-up rows go to ``log`` (also when cached, marked so); pass None on resume, where they are there."""
     import ray
     from tqdm import tqdm
 
@@ -60,7 +62,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
     out = Path(cfg.cache_dir) / f"warm-{_key(str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.expert, w.model_dump(), cfg.seed)}"
     done = out / "warmup.json"
     if done.exists():
-        for record in json.loads(done.read_text())["history"]:
+        for record in json.loads(done.read_text())["history"] if log else []:
             log.write({**record, "cached": True})
         ray.get(rollout.load_from_disk.remote(str(out), "warmup"))
         return out
@@ -81,7 +83,8 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
     def progress(record: dict[str, float]) -> None:
         bar.update(int(record["warmup_step"]) - bar.n)
         bar.set_postfix(acc=record["eval_accuracy"], loss=round(record["warmup_loss"], 3))
-        log.write(record)
+        if log:
+            log.write(record)
 
     config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, eval_every=w.eval_every,
                           target_accuracy=w.target_accuracy, seed=cfg.seed)

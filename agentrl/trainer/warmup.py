@@ -59,7 +59,8 @@ def supervised_warmup(
     renderer = ChatRenderer(tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    encoded = [(r.ids, r.assistant_mask) for r in (renderer.render(m, t) for m, t in conversations)]
+    encoded = [(r.ids, r.assistant_mask)
+               for r in (renderer.render(m, t, add_generation_prompt=False) for m, t in conversations)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     out = Path(out_dir)
     history: list[dict[str, float]] = []
