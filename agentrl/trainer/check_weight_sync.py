@@ -1,0 +1,162 @@
+"""``agentrl check-weight-sync``: take K optimizer steps, sync each into a real engine, compare bits.
+
+Loads ``--model`` into a trainer and into an embedded engine process, then K times: one optimizer step,
+one sync in ``--mode`` (``disk``, ``tensor``, ``broadcast``, ``delta``) as version ``step-k``. Finally
+it compares the engine's ``/weights_checksum`` with the same checksum of the trainer's exported HF
+tensors and prints one JSON line: ``bitwise_equal``, ``bytes_sent`` / ``full_bytes`` / ``seconds``
+(summed over the K syncs), ``weight_version`` (the engine's), plus per-sync details. Exit code 0 only
+when the bits and the version match.
+
+Trainers (``--trainer``): ``hf-adamw-standin`` -- the HF model itself with a plain torch AdamW step on
+random tokens, a stand-in for the real trainer that exercises exactly the same export/sync path with
+the same tensor names and dtypes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+MODES = ("disk", "tensor", "broadcast", "delta")
+
+
+class SyncableTrainer(Protocol):
+    name: str
+
+    def step(self) -> None: ...
+
+    def export_hf_named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+
+class HFAdamWStandIn:
+    """NOT the Megatron trainer: the HF model with a torch AdamW step on random tokens (see module doc)."""
+
+    name = "hf-adamw-standin"
+
+    def __init__(self, model_dir: Path, *, lr: float, seed: int = 0) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def step(self) -> None:
+        import torch
+
+        vocab = self.model.config.vocab_size
+        ids = torch.randint(0, vocab, (2, 32), generator=self.generator)
+        self.model(input_ids=ids, labels=ids).loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def export_hf_named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return [(n, p.detach()) for n, p in self.model.named_parameters()]
+
+
+TRAINERS = {"hf-adamw-standin": HFAdamWStandIn}
+
+
+def engine_checksum(url: str) -> dict:
+    import httpx
+
+    response = httpx.get(url + "/weights_checksum", timeout=600)
+    response.raise_for_status()
+    return response.json()
+
+
+def bits_match(remote: dict, tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[bool, list[str]]:
+    """Compare the engine's checksum with ours over the engine's parameter names (tied weights once)."""
+    from agentrl.engine.weight_loading import weights_checksum
+
+    local = dict(tensors)
+    missing = [n for n in remote["parameters"] if n not in local]
+    if missing:
+        return False, missing
+    ours = weights_checksum((n, local[n]) for n in remote["parameters"])
+    differing = [n for n, d in ours["parameters"].items() if remote["parameters"][n] != d]
+    return ours["total"] == remote["total"], differing
+
+
+def run(args: argparse.Namespace) -> dict:
+    from agentrl.engine.launch import EngineProcess
+    from agentrl.weights.sync import make_sync
+
+    trainer: SyncableTrainer = TRAINERS[args.trainer](Path(args.model), lr=args.lr, seed=args.seed)
+    engine = None
+    url = args.engine_url
+    if url is None:
+        engine = EngineProcess(args.model, dtype="float32").start()
+    try:
+        if engine is not None:
+            engine.wait_healthy(timeout=args.engine_timeout)
+            url = engine.url
+        reports = []
+        with make_sync(args.mode, [url]) as sync:
+            for k in range(1, args.steps + 1):
+                trainer.step()
+                reports.append(sync.sync(trainer.export_hf_named_tensors(), f"step-{k}"))
+        remote = engine_checksum(url)
+        equal, differing = bits_match(remote, trainer.export_hf_named_tensors())
+        expected_version = f"step-{args.steps}"
+        return {
+            "bitwise_equal": equal and remote["weight_version"] == expected_version,
+            "bytes_sent": sum(r.bytes_sent for r in reports),
+            "full_bytes": sum(r.full_bytes for r in reports),
+            "seconds": round(sum(r.seconds for r in reports), 6),
+            "weight_version": remote["weight_version"],
+            "mode": args.mode,
+            "steps": args.steps,
+            "trainer": trainer.name,
+            "differing_tensors": differing[:8],
+            "syncs": [
+                {"weight_version": r.weight_version, "bytes_sent": r.bytes_sent, "seconds": round(r.seconds, 6),
+                 "fallback": r.fallback}
+                for r in reports
+            ],
+        }
+    finally:
+        if engine is not None:
+            engine.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl check-weight-sync", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="local HF model directory (e.g. from agentrl make-tiny-model)")
+    p.add_argument("--mode", required=True, choices=MODES)
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps, each followed by one sync (>= 1)")
+    p.add_argument("--trainer", default="hf-adamw-standin", choices=sorted(TRAINERS))
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-url", default=None, help="use a running engine instead of starting one")
+    p.add_argument("--engine-timeout", type=float, default=300.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.steps < 1:
+        print("agentrl check-weight-sync: --steps must be >= 1", file=sys.stderr)
+        return 2
+    if not (Path(args.model) / "config.json").is_file():
+        print(f"agentrl check-weight-sync: {args.model!r} is not an HF model directory (no config.json)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    result = run(args)
+    result["wall_seconds"] = round(time.perf_counter() - start, 3)
+    print(json.dumps(result), flush=True)
+    return 0 if result["bitwise_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
