@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -93,13 +94,20 @@ class Gateway:
         self.manager = TrajectoryManager(policy=policy, fork_threshold_tokens=fork_threshold_tokens)
         self.context_length = context_length
         self.model_name = model_name
+        # Renders run in worker threads (off the event loop); one at a time, because a HF fast tokenizer
+        # is not guaranteed to be safe under concurrent calls.
+        self._render_lock = threading.Lock()
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
+        with self._render_lock:
+            return self.renderer.render(messages, tools)
 
     async def complete(self, request: ChatCompletionRequest, session_id: str) -> Completion:
         """Render, generate, parse and record one turn of ``session_id``."""
         request.check_supported()
         messages = normalize_messages(request.messages)
         try:  # tokenizing a long history is CPU work: keep the event loop free for other sessions
-            rendered = await asyncio.to_thread(self.renderer.render, messages, request.tools)
+            rendered = await asyncio.to_thread(self._render, messages, request.tools)
         except RequestError:
             raise
         except Exception as err:  # the template refused these messages (e.g. a role order it forbids)

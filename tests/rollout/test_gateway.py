@@ -206,6 +206,32 @@ def test_streaming_text_and_tool_calls_in_openai_chunks(served):
     assert samples[0].metadata["outcomes"] == ["new", "clean"]
 
 
+def test_concurrent_sessions_are_recorded_apart(served, tokenizer):
+    import asyncio
+
+    url, _, gateway, _ = served(lambda prompt, turn: f"reply {turn} to {prompt.split('user')[-1].strip()[:12]}")
+
+    async def agent(client, index: int) -> None:
+        messages = [{"role": "user", "content": f"task {index}"}]
+        for _ in range(2):
+            reply = await client.chat.completions.create(model="tiny", messages=messages, user=f"c{index}")
+            messages += [reply.choices[0].message, {"role": "user", "content": "go on"}]
+
+    async def main_() -> None:
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                                      http_client=openai.DefaultAsyncHttpxClient(trust_env=False)) as client:
+            await asyncio.gather(*(agent(client, i) for i in range(8)))
+
+    asyncio.run(main_())
+    assert sorted(gateway.manager.sessions) == sorted(f"c{i}" for i in range(8))
+    for i in range(8):
+        samples, turns = finish(url, f"c{i}")
+        verify_session(samples, turns)
+        assert len(samples) == 1 and samples[0].metadata["outcomes"] == ["new", "clean"]
+        text = tokenizer.decode(samples[0].tokens, skip_special_tokens=False)
+        assert f"task {i}" in text and all(f"task {j}" not in text for j in range(8) if j != i)
+
+
 def test_malformed_tool_call_comes_back_as_text_and_is_counted(served):
     bad = '<tool_call>{"name": "add", "arguments": {"a": 2,</tool_call>'
     url, client, _, _ = served([bad])
@@ -265,6 +291,9 @@ def test_bad_requests_get_clear_errors_and_the_gateway_keeps_serving(served):
     assert status == 422 and "temperature" in body["error"]["message"]
     assert not gateway.manager.sessions  # nothing was recorded by a refused request
 
+    with _NO_PROXY.open(url + "/sessions", timeout=10) as resp:
+        listed = json.loads(resp.read())
+    assert listed["sessions"] == [] and listed["stats"]["new"] == 0
     status, body = post(url + "/sessions/nobody/finish", {"reward": 1.0})
     assert status == 404 and "unknown session 'nobody'" in body["error"]["message"]
     client.chat.completions.create(model="tiny", messages=QUESTION, user="fine")
