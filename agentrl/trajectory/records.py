@@ -100,6 +100,26 @@ class TurnRecord:
     def has_logprobs(self) -> bool:
         return bool(self.output_logprobs) or not self.output_ids
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (use this, not ``dataclasses.asdict``, which would include the packed bytes)."""
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "output_ids": list(self.output_ids),
+            "output_logprobs": list(self.output_logprobs),
+            "finish_reason": self.finish_reason,
+            "weight_version": self.weight_version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TurnRecord:
+        return cls(
+            prompt_ids=data["prompt_ids"],
+            output_ids=data["output_ids"],
+            output_logprobs=data.get("output_logprobs", ()),
+            finish_reason=data["finish_reason"],
+            weight_version=data.get("weight_version"),
+        )
+
     @classmethod
     def from_generate_response(cls, prompt_ids: Iterable[int], response: Mapping[str, Any]) -> TurnRecord:
         """Build a record from an SGLang-style ``/generate`` JSON body (``return_logprob=True``)."""

@@ -65,6 +65,15 @@ def test_turn_record_is_frozen_and_stores_tuples():
     assert _record(output_logprobs=[]).output_logprobs == ()
 
 
+def test_turn_record_json_round_trip():
+    import json
+
+    rec = _record(weight_version="3")
+    assert TurnRecord.from_dict(json.loads(json.dumps(rec.to_dict()))) == rec
+    with pytest.raises(ValueError, match="1 entries for 2 output ids"):
+        TurnRecord.from_dict({**rec.to_dict(), "output_logprobs": [-1.0]})
+
+
 def test_turn_record_from_sglang_generate_body():
     body = {
         "text": "hi",
