@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="token budget of the prefix KV cache")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--enable-memory-saver", action="store_true", help="CUDA only: use torch_memory_saver")
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         parser.error(f"--model {args.model!r} is not a local model directory (no config.json)")
     import uvicorn
+
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
 
     from agentrl.engine.engine import Engine, EngineConfig
     from agentrl.engine.server import create_app

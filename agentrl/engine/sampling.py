@@ -36,14 +36,13 @@ def sample_next(
     if sampled_rows:
         idx = torch.tensor(sampled_rows, device=logits.device)
         probs = _filtered_probs(logits[idx], [params[i] for i in sampled_rows])
-        seeded = [j for j, i in enumerate(sampled_rows) if generators[i] is not None]
-        unseeded = [j for j, i in enumerate(sampled_rows) if generators[i] is None]
-        if unseeded:
-            u = torch.tensor(unseeded, device=logits.device)
-            tokens[idx[u]] = torch.multinomial(probs[u], 1).squeeze(-1)
-        for j in seeded:  # one draw per seeded row keeps each request's stream reproducible
-            gen = generators[sampled_rows[j]]
-            tokens[sampled_rows[j]] = torch.multinomial(probs[j : j + 1], 1, generator=gen).squeeze()
+        # exponential race (Gumbel-max): argmax(p / E), E ~ Exp(1), draws from p; much cheaper than
+        # torch.multinomial on CPU, and one noise tensor per seeded row keeps those reproducible
+        noise = torch.empty_like(probs).exponential_()
+        for j, i in enumerate(sampled_rows):
+            if generators[i] is not None:
+                noise[j].exponential_(generator=generators[i])
+        tokens[idx] = (probs / noise.clamp_(min=1e-30)).argmax(dim=-1)
 
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens.tolist(), chosen.tolist()

@@ -1,0 +1,76 @@
+"""The real smg router accepts the embedded engine as a worker and routes /generate to it unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from agentrl.engine.launch import free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("smg") is None, reason="smg binary not installed")
+
+
+@pytest.fixture(scope="module")
+def router(server, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("smg") / "smg.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["smg", "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", server.url,
+             "--policy", "manual", "--assignment-mode", "min_group", "--log-level", "warn",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--enable-rl"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                workers = httpx.get(url + "/workers", timeout=2).json().get("workers", [])
+                if workers and all(w.get("is_healthy", True) for w in workers):
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "smg did not register the engine:\n" + log.read_text()
+            time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_worker_is_registered_with_its_local_model_path(router, server, tiny_model):
+    (worker,) = httpx.get(router + "/workers").json()["workers"]
+    assert worker["url"] == server.url
+    assert worker["labels"]["model_path"] == str(tiny_model)
+    assert worker["labels"]["weight_version"] == server.engine.weight_version
+
+
+def test_generate_through_smg_equals_direct(router, server):
+    body = {"input_ids": [1, 11, 12, 13], "return_logprob": True, "rid": "via-smg",
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "stop_token_ids": [2], "top_k": -1}}
+    via = httpx.post(router + "/generate", json=body, headers={"X-SMG-Routing-Key": "session-1"}, timeout=60)
+    assert via.status_code == 200, via.text
+    direct = httpx.post(server.url + "/generate", json={**body, "rid": "direct"}, timeout=60).json()
+    out = via.json()
+    assert out["output_ids"] == direct["output_ids"]
+    assert out["meta_info"]["id"] == "via-smg"
+    pairs = zip(out["meta_info"]["output_token_logprobs"], direct["meta_info"]["output_token_logprobs"], strict=True)
+    # the direct call reuses the routed call's KV (prefix cache): equal up to float rounding
+    assert all(abs(a[0] - b[0]) < 1e-5 and a[1:] == b[1:] for a, b in pairs)
+    assert out["meta_info"]["cached_tokens"] >= 0 and out["meta_info"]["weight_version"] == server.engine.weight_version
+
+
+def test_stream_through_smg(router):
+    body = {"input_ids": [1, 11, 12], "stream": True, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    r = httpx.post(router + "/generate", json=body, headers={"X-SMG-Routing-Key": "s2"}, timeout=60)
+    assert r.status_code == 200
+    lines = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 4
