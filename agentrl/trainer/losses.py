@@ -45,6 +45,11 @@ def grpo_advantages(
     return out
 
 
+def dr_grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[object]) -> torch.Tensor:
+    """Dr.GRPO advantages: group mean subtracted, no division by the std (plug-in for ``advantage_fn``)."""
+    return grpo_advantages(rewards, group_ids, scale_by_std=False)
+
+
 def drop_zero_variance_groups(rewards: Sequence[float], group_ids: Sequence[object]) -> list[int]:
     """Dynamic-sampling filter (DAPO): indices of samples whose group has more than one distinct reward.
 

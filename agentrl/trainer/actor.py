@@ -1,0 +1,313 @@
+"""``MegatronTrainer``: one rank of the GRPO policy trainer (model, optimizer, log-probs, step, checkpoints).
+
+Works as a plain single process (it creates a 1-rank gloo group itself) and under torchrun / one Ray
+actor per rank. Every rank receives the *global* batch of Samples in ``train_step``: advantages need
+whole groups, and each data-parallel rank then trains on its slice (sample ``i`` -> rank ``i % dp``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.trainer.batch import MicroBatch, make_micro_batches, response_values, sample_field, sample_reward
+from agentrl.trainer.cpu_shims import cuda_to_cpu
+from agentrl.trainer.logprobs import token_logprobs, vocab_parallel_entropy
+from agentrl.trainer.losses import kl_in_reward, policy_loss
+from agentrl.trainer.model import (
+    build_gpt_model,
+    causal_mask,
+    load_hf_weights,
+    megatron_state_dict,
+    resolve_attention,
+    spec_flavour,
+)
+from agentrl.trainer.parallel import init_model_parallel, tp_rank_size
+from agentrl.trainer.trainer_config import TrainerConfig, load_callable
+from agentrl.weights.convert import (
+    ModelShape,
+    load_hf_config,
+    load_hf_state_dict,
+    megatron_to_hf_named_tensors,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = rows[0].new_zeros(len(rows), width)
+    for r, t in enumerate(rows):
+        out[r, : t.numel()] = t
+    return out
+
+
+class MegatronTrainer:
+    """GRPO-family trainer over a megatron-core ``GPTModel`` loaded from a HF checkpoint directory."""
+
+    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None) -> None:
+        from megatron.core import parallel_state
+
+        self.config = cfg = config or TrainerConfig()
+        self.model_dir = Path(model_dir)
+        init_model_parallel(cfg.tp_size, seed=cfg.seed)
+        self.tp_rank, self.tp_size = tp_rank_size()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dtype = _DTYPES[cfg.dtype]
+        self.attention = resolve_attention(cfg.attention)
+        self.hf_config = load_hf_config(self.model_dir)
+        self.shape = ModelShape.from_hf_config(self.hf_config)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+        self.gpt = self._build(self.model_dir)
+        self.model = self._wrap_ddp(self._mixed_precision(self.gpt))
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler()
+        self.ref_model = None
+        if cfg.needs_ref:
+            self.ref_model = self._mixed_precision(self._build(Path(cfg.ref_model_dir or self.model_dir)))
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.advantage_fn = load_callable(cfg.advantage_fn)
+        self.sample_filter = load_callable(cfg.sample_filter) if cfg.sample_filter else None
+        self.step = 0
+
+    # ------------------------------------------------------------------------------------------ construction
+
+    def _build(self, model_dir: Path):
+        model = build_gpt_model(
+            self.hf_config, tp_size=self.tp_size, dtype=self.dtype, attention=self.attention,
+            recompute=self.config.recompute,
+        )
+        hf_state = load_hf_state_dict(model_dir)
+        load_hf_weights(model, hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                        attention=self.attention)
+        return model
+
+    def _mixed_precision(self, model):
+        if self.dtype == torch.float32:
+            return model
+        from megatron.core.transformer.module import Float16Module
+
+        # bf16 compute with fp32 logits at the output; the optimizer keeps fp32 main params.
+        return Float16Module(model.config, model)
+
+    def _wrap_ddp(self, model):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=self.config.use_distributed_optimizer,
+        )
+        with cuda_to_cpu():
+            return DistributedDataParallel(config=self.gpt.config, ddp_config=ddp_config, module=model)
+
+    def _build_optimizer(self):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        cfg = self.config
+        opt_config = OptimizerConfig(
+            optimizer=cfg.optimizer, sgd_momentum=0.0, lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+            clip_grad=cfg.clip_grad, bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
+            use_distributed_optimizer=cfg.use_distributed_optimizer,
+        )
+        with cuda_to_cpu():
+            return get_megatron_optimizer(opt_config, [self.model])
+
+    def _build_scheduler(self):
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        cfg = self.config
+        decay = cfg.lr_decay_steps if cfg.lr_decay_steps is not None else 10**9
+        return OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
+            lr_warmup_steps=cfg.lr_warmup_steps, lr_decay_steps=max(decay, cfg.lr_warmup_steps + 1),
+            lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
+            wd_incr_steps=1, wd_incr_style="constant",
+        )
+
+    # ------------------------------------------------------------------------------------------ forward
+
+    def _forward(self, model, mb: MicroBatch) -> torch.Tensor:
+        """Vocab-parallel logits ``[b, L, V/tp]`` in fp32."""
+        mb = mb.to(self.device)
+        # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
+        mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None
+        return model(mb.tokens, mb.position_ids, mask).float()
+
+    def _micro_batches(self, samples: Sequence[Any], advantages=None) -> list[MicroBatch]:
+        return make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id)
+
+    @torch.no_grad()
+    def _logprobs_per_mb(self, model, mbs: list[MicroBatch]) -> list[torch.Tensor]:
+        model.eval()
+        return [token_logprobs(self._forward(model, mb), mb.tokens, self.config.temperature) for mb in mbs]
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[Any]) -> list[list[float]]:
+        """Log-probs of each sample's ``tokens[response_start:]`` under the current policy (input order)."""
+        out: list[list[float]] = [[] for _ in samples]
+        mbs = self._micro_batches(samples)
+        for mb, lp in zip(mbs, self._logprobs_per_mb(self.model, mbs), strict=True):
+            for i, values in zip(mb.index, response_values(lp, mb), strict=True):
+                out[i] = values
+        return out
+
+    # ------------------------------------------------------------------------------------------ training
+
+    def _local_indices(self, n: int, rank: int) -> list[int]:
+        return [i for i in range(n) if i % self.dp_size == rank]
+
+    def _minibatch_chunks(self, indices: list[int]) -> list[list[int]]:
+        k = self.config.steps_per_batch
+        return [indices[j::k] for j in range(k)] if len(indices) >= k else [indices]
+
+    def train_step(self, samples: Sequence[Any]) -> dict[str, float]:
+        """One GRPO update on the global batch ``samples``; returns averaged metrics."""
+        cfg = self.config
+        samples = list(samples)
+        rewards = [sample_reward(s, cfg.reward_key) for s in samples]
+        groups = [sample_field(s, "group_id") for s in samples]
+        metrics_out: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1)}
+        if self.sample_filter is not None:
+            keep = list(self.sample_filter(rewards, groups))
+            samples = [samples[i] for i in keep]
+            rewards = [rewards[i] for i in keep]
+            groups = [groups[i] for i in keep]
+        metrics_out["n_samples"] = float(len(samples))
+        if len(samples) < self.dp_size:
+            self.step += 1
+            self.scheduler.step(increment=1)
+            return {**metrics_out, "skipped": 1.0, "step": float(self.step)}
+
+        local = self._local_indices(len(samples), self.dp_rank)
+        local_samples = [samples[i] for i in local]
+        reward_t = torch.tensor(rewards, dtype=torch.float32)
+
+        # Behaviour / reference log-probs before any update (one forward over the local slice).
+        mbs = self._micro_batches(local_samples)
+        old = (self._logprobs_per_mb(self.model, mbs) if cfg.old_logprobs == "train"
+               else [mb.rollout_logprobs.to(self.device) for mb in mbs])
+        ref = self._logprobs_per_mb(self.ref_model, mbs) if self.ref_model is not None else None
+        if cfg.kl_in_reward:
+            if ref is None:
+                raise ValueError("kl_in_reward needs loss.kl_coef > 0 (it sets the coefficient)")
+            reward_t = self._rewards_with_kl(reward_t, mbs, old, ref, local)
+        advantages = self.advantage_fn(reward_t, groups).tolist()
+
+        old_by_sample = self._per_sample(mbs, old, local)
+        ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
+
+        totals: dict[str, float] = {}
+        token_weight = 0.0
+        for chunk_no, chunk in enumerate(self._minibatch_chunks(local)):
+            chunk_samples = [samples[i] for i in chunk]
+            # Global denominators: this mini-batch across all data-parallel ranks.
+            peers = [self._minibatch_chunks(self._local_indices(len(samples), r))[chunk_no]
+                     for r in range(self.dp_size)]
+            n_seqs = float(sum(len(p) for p in peers))
+            n_tokens = float(sum(sum(sample_field(samples[i], "loss_mask")) for p in peers for i in p))
+            self.model.train()
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
+                ids = [chunk[j] for j in mb.index]
+                old_lp = _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
+                ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
+                logits = self._forward(self.model, mb)
+                lp = token_logprobs(logits, mb.tokens, cfg.temperature)
+                entropy = vocab_parallel_entropy(logits, cfg.temperature)
+                has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
+                loss, m = policy_loss(
+                    lp, old_lp, mb.advantages, mb.loss_mask, cfg.loss,
+                    rollout_logprobs=mb.rollout_logprobs if has_rollout else None,
+                    ref_logprobs=ref_lp if not cfg.kl_in_reward else None,
+                    entropy=entropy, n_tokens=max(n_tokens, 1.0), n_seqs=max(n_seqs, 1.0),
+                )
+                # DDP averages gradients over data-parallel ranks; the denominators are already global.
+                (loss * self.dp_size).backward()
+                w = float(mb.n_tokens)
+                token_weight += w
+                totals["loss"] = totals.get("loss", 0.0) + float(loss)
+                for k, v in m.items():
+                    if k != "pg_loss":
+                        totals[k] = totals.get(k, 0.0) + float(v) * w
+            with cuda_to_cpu():
+                self.model.finish_grad_sync()
+                _, grad_norm, _ = self.optimizer.step()
+            self.scheduler.step(increment=1)
+        self.step += 1
+        metrics_out.update(self._reduce_metrics(totals, token_weight))
+        metrics_out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics_out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics_out["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
+        metrics_out["step"] = float(self.step)
+        return metrics_out
+
+    @staticmethod
+    def _per_sample(mbs: list[MicroBatch], values: list[torch.Tensor], local: list[int]) -> dict[int, torch.Tensor]:
+        """Unpad ``[b, L]`` per-micro-batch tensors into ``{global sample index: [len]}``."""
+        out = {}
+        for mb, v in zip(mbs, values, strict=True):
+            for row, (i, n) in enumerate(zip(mb.index, mb.lengths, strict=True)):
+                out[local[i]] = v[row, :n]
+        return out
+
+    def _rewards_with_kl(self, reward_t, mbs, old, ref, local) -> torch.Tensor:
+        """Rewards minus ``kl_coef`` x summed KL, gathered across data-parallel ranks."""
+        from megatron.core import parallel_state
+
+        adjusted = {}
+        for mb, o, r in zip(mbs, old, ref, strict=True):
+            new = kl_in_reward(reward_t[[local[i] for i in mb.index]], o, r, mb.loss_mask.to(o.device),
+                               self.config.loss.kl_coef, self.config.loss.kl_type)
+            adjusted.update({local[i]: float(v) for i, v in zip(mb.index, new, strict=True)})
+        if self.dp_size > 1:
+            parts: list[dict] = [{} for _ in range(self.dp_size)]
+            dist.all_gather_object(parts, adjusted, group=parallel_state.get_data_parallel_group())
+            for p in parts:
+                adjusted.update(p)
+        return torch.tensor([adjusted[i] for i in range(len(reward_t))], dtype=torch.float32)
+
+    def _reduce_metrics(self, totals: dict[str, float], token_weight: float) -> dict[str, float]:
+        from megatron.core import parallel_state
+
+        keys = sorted(totals)
+        vec = torch.tensor([totals[k] for k in keys] + [token_weight], dtype=torch.float64)
+        if self.dp_size > 1:
+            dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
+        weight = max(vec[-1].item(), 1.0)
+        # "loss" is already a share of the global mean per micro-batch: sum it; the rest are token-weighted.
+        return {k: (vec[i].item() if k == "loss" else vec[i].item() / weight) for i, k in enumerate(keys)}
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    def export_hf_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream ``(hf_name, full tensor)`` of the current policy (all TP ranks must iterate together)."""
+        from megatron.core import parallel_state
+
+        group = parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+        return megatron_to_hf_named_tensors(megatron_state_dict(self.gpt), self.shape,
+                                            spec=spec_flavour(self.attention), tp_group=group)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, directory: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Save model, optimizer, scheduler, RNG, step and ``extra_state`` (e.g. buffer cursor, weight version)."""
+        from agentrl.trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(directory, self.gpt, self.optimizer, self.scheduler, step=self.step,
+                               extra_state=extra_state)
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save_checkpoint`; returns its ``extra_state``."""
+        from agentrl.trainer.checkpoint import load_checkpoint
+
+        self.step, extra = load_checkpoint(directory, self.gpt, self.optimizer, self.scheduler)
+        return extra

@@ -1,0 +1,50 @@
+"""Log-probs of given tokens and entropy from vocab-parallel logits (each TP rank holds ``V / tp`` columns)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[b, L]`` log-probs of ``tokens[:, t]`` under ``logits[:, t - 1]``; column 0 is 0.
+
+    ``logits`` is ``[b, L, V/tp]`` as GPTModel returns it with ``parallel_output=True``. Uses Megatron's
+    ``vocab_parallel_cross_entropy``, which edits its input in place: it gets a (scaled) copy.
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    shifted = logits[:, :-1].transpose(0, 1).float()  # [L-1, b, V/tp]
+    if temperature != 1.0:
+        shifted = shifted / temperature
+    # Always a fresh contiguous copy: the op mutates its input and views it as 2-D.
+    shifted = shifted.clone(memory_format=torch.contiguous_format)
+    target = tokens[:, 1:].transpose(0, 1).contiguous()
+    nll = vocab_parallel_cross_entropy(shifted, target)  # [L-1, b]
+    out = torch.zeros(tokens.shape, dtype=nll.dtype, device=nll.device)
+    return torch.cat([out[:, :1], -nll.transpose(0, 1)], dim=1)
+
+
+def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[b, L]`` entropy of the next-token distribution at each position, shifted like :func:`token_logprobs`.
+
+    Differentiable: the cross-rank sums use Megatron's all-reduce with identity backward.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    x = logits[:, :-1].float() / temperature
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    m = x.detach().max(dim=-1, keepdim=True).values
+    if tp > 1:
+        torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_tensor_model_parallel_group())
+    z = x - m
+    e = z.exp()
+    sum_e = e.sum(-1)
+    sum_ez = (e * z).sum(-1)
+    if tp > 1:
+        sum_e = reduce_from_tensor_model_parallel_region(sum_e)
+        sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
+    # H = log Z - E[z] with Z = sum exp(z)
+    ent = sum_e.log() - sum_ez / sum_e
+    return torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
