@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import platform
 import random
 import statistics
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trajectory_bench.json"))
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
     words = corpus_words(0)
     sizes = [1024, 32768] if args.quick else [1024, 4096, 16384, 32768]
     turn_counts = [2, 32] if args.quick else [2, 8, 32]
@@ -301,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             },
             indent=1,
         )
+    )
+    print(
+        f"load average before / after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"wrote {out}")
     return 0

@@ -9,7 +9,10 @@ turn already continued, starts a new sample.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import methodcaller
 from typing import Any
+
+_CONTENT = methodcaller("get", "content")
 
 
 def message_key(message: Mapping[str, Any]) -> tuple:
@@ -68,8 +71,8 @@ class MessageTree:
     """Message paths of one session.
 
     An agent loop sends the same growing history every turn, so the tree remembers the last path it
-    added and reuses its keys and nodes for the leading messages that are the very same objects with the
-    very same ``content`` object; only new messages are keyed. Messages are expected not to be edited in
+    added and reuses its keys and nodes for the leading messages that are the very same objects with an
+    unchanged ``content``; only new messages are keyed. Messages are expected not to be edited in
     place after they were sent (if one is, the token guard still decides every extension).
     """
 
@@ -85,15 +88,23 @@ class MessageTree:
             raise TypeError(f"prompt_messages must be a list of chat messages, got {type(messages).__name__}")
         messages = list(messages)
         last_messages, last_contents, last_keys, last_nodes = self._last
-        reuse = 0
         limit = min(len(messages), len(last_nodes))
-        # The very same objects were validated when they were first keyed.
-        while (
-            reuse < limit
-            and messages[reuse] is last_messages[reuse]
-            and messages[reuse].get("content") is last_contents[reuse]
+        head = messages[:limit]
+        # The very same objects were validated when they were first keyed. Common case first, in C:
+        # the whole shared head is the same objects with the same contents.
+        if (
+            list(map(id, head)) == list(map(id, last_messages[:limit]))
+            and list(map(_CONTENT, head)) == last_contents[:limit]
         ):
-            reuse += 1
+            reuse = limit
+        else:
+            reuse = 0
+            while (
+                reuse < limit
+                and messages[reuse] is last_messages[reuse]
+                and messages[reuse].get("content") == last_contents[reuse]
+            ):
+                reuse += 1
         keys = last_keys[:reuse] + [message_key(m) for m in messages[reuse:]]  # message_key validates
         nodes = last_nodes[:reuse]
         node = nodes[-1] if nodes else self.root

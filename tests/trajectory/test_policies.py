@@ -238,3 +238,28 @@ def test_concurrent_asyncio_sessions_stay_separate():
         assert s.session_id == f"s{k}" and s.reward == k
         assert s.tokens[2] == k and sum(s.loss_mask) == 8
     assert manager.sessions == []
+
+
+def test_a_message_edited_in_place_is_noticed():
+    """The tree reuses keys of unchanged history objects; replacing a sent message's content is a branch."""
+    manager = TrajectoryManager(policy="realign")
+    a0, t0, a1 = asst(0), tool(0), asst(1)
+    history = [SYS, USER]
+    manager.record_turn(
+        "s", turn=TurnRecord(P0, O0, lp(3), "stop"), prompt_messages=history, response_message=a0
+    )
+    history += [a0, t0]
+    manager.record_turn(
+        "s", turn=TurnRecord(P1, O1, lp(2), "stop"), prompt_messages=history, response_message=a1
+    )
+    t0["content"] = "edited tool result"  # the agent rewrites an old tool result in place
+    edited = P0 + O0 + [77, 1] + O1 + [21, 1]  # its tokens changed inside turn 1's context
+    history += [a1, tool(1)]
+    outcome = manager.record_turn(
+        "s", turn=TurnRecord(edited, [5], lp(1), "stop"), prompt_messages=history, response_message=asst(2)
+    )
+    assert outcome == "branched"  # a stale key would have continued turn 1's sample and forked on drift
+    turns = manager.turns("s")
+    samples = manager.get_trajectory("s")
+    verify_session(samples, turns)
+    assert [s.metadata["turns"] for s in samples] == [[0, 1], [2]]
