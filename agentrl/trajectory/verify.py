@@ -54,7 +54,7 @@ def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord
         raise ProvenanceError(f"{len(sample.provenance)} provenance entries for {n} tokens")
 
     order = sample.metadata.get("turns")
-    if not isinstance(order, list) or not order or not all(type(t) is int for t in order):
+    if not isinstance(order, list) or not order or not all(type(t) is int and t >= 0 for t in order):
         raise ProvenanceError(f"metadata['turns'] must be a non-empty list of turn indices, got {order!r}")
     if len(set(order)) != len(order):
         raise ProvenanceError(f"metadata['turns'] repeats a turn: {order}")

@@ -240,3 +240,25 @@ def test_sample_from_dict_rejects_malformed_input(mutate, match):
 def test_importing_the_contract_does_not_import_torch():
     code = "import sys, agentrl.trajectory; sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("turns", "match"),
+    [
+        (None, "non-empty list"),
+        ([], "non-empty list"),
+        ([-1], "non-empty list"),
+        ([0, 0], "repeats"),
+        ([5], "not recorded"),
+    ],
+)
+def test_verify_rejects_bad_turn_lists(turns, match):
+    from agentrl.trajectory import ProvenanceError, verify
+
+    manager = _manager_with_two_sessions()
+    records = manager.turns("keep")
+    (sample,) = manager.get_trajectory("keep")
+    verify(sample, records)
+    sample.metadata["turns"] = turns
+    with pytest.raises(ProvenanceError, match=match):
+        verify(sample, records)
