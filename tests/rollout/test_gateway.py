@@ -309,6 +309,17 @@ def test_bad_requests_get_clear_errors_and_the_gateway_keeps_serving(served):
     assert status == 404 and "already" in body["error"]["message"]
 
 
+def test_unreachable_engines_answer_503_and_record_nothing(tokenizer):
+    from agentrl.rollout.client import RolloutClient
+
+    client = RolloutClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.01)
+    gateway = Gateway(tokenizer, client.generate_turn, model_name="tiny")
+    with ServerThread(create_app(gateway, on_shutdown=client.aclose)) as server:
+        status, body = post(server.url + "/v1/chat/completions", {"model": "tiny", "messages": QUESTION, "user": "u"})
+        assert status == 503 and "failed 2 times" in body["error"]["message"]
+        assert body["error"]["type"] == "engine_unavailable" and not gateway.manager.sessions
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--router", "http://127.0.0.1:1", "--model", "/nonexistent"], "is not a directory"),
     (["--router", "http://127.0.0.1:1", "--model", "{tmp}"], "has no config.json"),

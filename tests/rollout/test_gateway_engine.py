@@ -103,6 +103,10 @@ def test_agent_turns_through_engine_and_router_yield_verified_samples(stack):
 def test_sessions_are_independent_and_finish_consumes(stack):
     _, gateway, server = stack
     client = _client(server.url)
+    with pytest.raises(openai.BadRequestError, match="engine rejected the request"):  # the engine's 400, relayed
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stop=[""],
+                                       user="refused")
+    assert "refused" not in gateway.manager.sessions
     for session in ("a", "b"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": session}],
                                        max_tokens=4, user=session)
