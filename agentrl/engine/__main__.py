@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=64)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192, help="new prompt tokens per prefill batch")
     p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="token budget of the prefix KV cache")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--enable-memory-saver", action="store_true", help="CUDA only: use torch_memory_saver")
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         device=args.device,
         max_batch_size=args.max_batch_size,
+        max_prefill_tokens=args.max_prefill_tokens,
         prefix_cache_tokens=args.prefix_cache_tokens,
         weight_version=args.weight_version,
         host=args.host,

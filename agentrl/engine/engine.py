@@ -28,6 +28,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str | None = None
     max_batch_size: int = 64
+    max_prefill_tokens: int = 8192  # new (uncached) prompt tokens prefilled together in one forward
     prefix_cache_tokens: int = 65536
     weight_version: str = "default"
     host: str = "127.0.0.1"
@@ -47,7 +48,9 @@ class Engine:
 
         self.config = config
         self.model_path = config.model_path
-        self.runner = runner or ModelRunner(config.model_path, dtype=config.dtype, device=config.device)
+        self.runner = runner or ModelRunner(
+            config.model_path, dtype=config.dtype, device=config.device, memory_saver=config.enable_memory_saver
+        )
         self.weight_version = config.weight_version
         self.metrics = EngineMetrics()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
@@ -56,6 +59,7 @@ class Engine:
             self.prefix_cache,
             self.metrics,
             max_batch_size=config.max_batch_size,
+            max_prefill_tokens=config.max_prefill_tokens,
             weight_version=lambda: self.weight_version,
         )
         self.memory_released: set[str] = set()

@@ -101,16 +101,28 @@ def resolve_dtype(name: str):
 class ModelRunner:
     """Loads a causal LM + tokenizer from a local directory and runs its forward passes."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", device: str | None = None) -> None:
+    def __init__(
+        self, model_path: str, *, dtype: str = "float32", device: str | None = None, memory_saver: bool = False
+    ) -> None:
+        import contextlib
+
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=self.dtype, attn_implementation="sdpa"
-        ).to(self.device)
+        region = contextlib.nullcontext()
+        if memory_saver and self.device.type == "cuda":
+            # weights allocated inside the region can be paused/resumed by tag (see memory.py)
+            with contextlib.suppress(ImportError):
+                from torch_memory_saver import torch_memory_saver  # type: ignore[import-not-found]
+
+                region = torch_memory_saver.region(tag="weights", enable_cpu_backup=True)
+        with region:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=self.dtype, attn_implementation="sdpa"
+            ).to(self.device)
         self.model.eval()
         config = self.model.config
         self.context_length: int = int(getattr(config, "max_position_embeddings", 2048))

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from agentrl.engine.model_runner import ModelRunner
     from agentrl.engine.prefix_cache import PrefixCache
 
-_ids = itertools.count()
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Scheduler:
         self._weight_version = weight_version
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.admitting: list[Sequence] = []  # popped from the queue, being prefilled (abortable too)
         self.batch = BatchKV.empty()
         self.paused = False
         self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
@@ -125,7 +127,7 @@ class Scheduler:
         """Flag matching sequences; the worker finishes them with ``finish_reason.type == "abort"``."""
         n = 0
         with self._cond:
-            for seq in itertools.chain(self.waiting, self.running):
+            for seq in itertools.chain(self.waiting, self.admitting, self.running):
                 if abort_all or seq.rid == rid or (rid and seq.rid.startswith(f"{rid}-")):
                     seq.abort_requested, seq.abort_message = True, message
                     n += 1
@@ -153,9 +155,10 @@ class Scheduler:
         self.call(op).result()
 
     def load(self) -> dict[str, int]:
+        running = len(self.running) + len(self.admitting)
         return {
-            "num_reqs": len(self.running) + len(self.waiting),
-            "num_running_reqs": len(self.running),
+            "num_reqs": running + len(self.waiting),
+            "num_running_reqs": running,
             "num_waiting_reqs": len(self.waiting),
             "num_tokens": sum(self.batch.lengths),
         }
@@ -187,11 +190,14 @@ class Scheduler:
                     self._admit()
                     if self.running:
                         self._decode_step()
-            except Exception as exc:  # a bug must fail the requests, not hang them
-                for seq in [*self.running, *self.waiting]:
+            except Exception as exc:  # fail the in-flight requests, keep the worker (and server) alive
+                logger.exception("engine step failed; aborting %d in-flight requests", len(self.running) + len(self.waiting))
+                with self._cond:
+                    failed = [*self.running, *self.admitting, *self.waiting]
+                    self.running, self.admitting, self.waiting = [], [], deque()
+                    self.batch = BatchKV.empty()
+                for seq in failed:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
-                self.running, self.waiting, self.batch = [], deque(), BatchKV.empty()
-                raise
 
     def _reap_aborts(self) -> None:
         with self._cond:
@@ -217,6 +223,7 @@ class Scheduler:
                 if admitted and new_tokens + len(tokens) - cached_len > self.max_prefill_tokens:
                     break
                 self.waiting.popleft()
+                self.admitting.append(seq)
             if not seq.output_ids:
                 seq.cached_tokens = cached_len
                 self.metrics.observe_prompt(len(tokens), cached_len)
@@ -227,7 +234,9 @@ class Scheduler:
         logits, kvs = self.runner.prefill([(tokens, past) for _, tokens, past in admitted])
         seqs = [seq for seq, _, _ in admitted]
         first_tokens, logprobs = self._sample(logits, seqs)
-        self.running.extend(seqs)
+        with self._cond:
+            self.running.extend(seqs)
+            self.admitting = []
         self.batch = self.batch.extend(kvs)
         for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
             seq.weight_version = self._weight_version()

@@ -138,3 +138,34 @@ def test_update_weight_version(client):
     out = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}}).json()
     assert out["meta_info"]["weight_version"] == "v-manual"
     assert client.get("/get_weight_version").json()["weight_version"] == "v-manual"
+
+
+def test_health_generate_answers_while_paused(client):
+    client.post("/pause_generation", json={"mode": "in_place"})
+    assert client.get("/health_generate", timeout=5).status_code == 200
+
+
+def test_client_disconnect_aborts_a_non_streaming_request(client, server):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/generate", json={"input_ids": PROMPT, "sampling_params": LONG}, timeout=0.5)
+    wait_until(lambda: load(client)["num_reqs"] == 0, timeout=10)  # well before 400 tokens are done
+    assert server.engine.metrics.finished_requests.labels(reason="abort")._value.get() >= 1
+
+
+def test_a_failing_step_aborts_in_flight_requests_and_the_engine_keeps_serving(client, server, monkeypatch):
+    runner = server.engine.runner
+    real_decode = runner.decode
+    calls = {"n": 0}
+
+    def flaky_decode(batch, tokens):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated kernel failure")
+        return real_decode(batch, tokens)
+
+    monkeypatch.setattr(runner, "decode", flaky_decode)
+    out = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10}}).json()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "simulated kernel failure" in out["meta_info"]["finish_reason"]["message"]
+    out = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10}}).json()
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
