@@ -78,8 +78,7 @@ class CodingEnv(Environment):
         super().__init__()
         self._pool = pool
         self._grader = grader
-        self._sandbox: Any = None
-        self._sandbox_lock = asyncio.Lock()
+        self._acquiring: asyncio.Future | None = None  # the pool hand-out of this episode's sandbox
         self.grade: Any = None  # the GradeResult of the reward, for inspection
 
     def reset(self, task: dict[str, Any]) -> list[dict[str, str]]:
@@ -88,13 +87,15 @@ class CodingEnv(Environment):
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": describe(task)}]
 
     async def sandbox(self):
-        """This episode's sandbox, acquired from the pool on first use."""
-        async with self._sandbox_lock:
-            if self._sandbox is None:
-                pool = self._pool or sandbox_pool(self.sandbox_backend, self.pool_size)
-                self._sandbox = await pool.aacquire()
-                self._pool = pool
-            return self._sandbox
+        """This episode's sandbox, acquired from the pool on first use.
+
+        The hand-out runs as its own task, shielded: a tool that times out while waiting for a free
+        sandbox does not cancel it, so the sandbox it eventually gets is still given back by close().
+        """
+        if self._acquiring is None:  # no await between the check and the assignment: one hand-out
+            self._pool = self._pool or sandbox_pool(self.sandbox_backend, self.pool_size)
+            self._acquiring = asyncio.ensure_future(self._pool.aacquire())
+        return await asyncio.shield(self._acquiring)
 
     @tool
     async def write_file(self, path: str, content: str) -> str:
@@ -136,19 +137,25 @@ class CodingEnv(Environment):
         return examples_report(res, self.exec_timeout_s)
 
     async def reward(self) -> float:
-        if self._sandbox is None:  # no tool ever touched a sandbox: nothing was written
+        if self._acquiring is None:  # no tool ever needed a sandbox: nothing was written
             return 0.0
         from agentrl.sandbox import Grader
 
+        sandbox = await self.sandbox()
         grader = self._grader or Grader(backend=self.sandbox_backend, timeout=self.grade_timeout_s)
-        self.grade = await asyncio.to_thread(grader.grade_from, self._sandbox, [SOLUTION_FILE],
+        self.grade = await asyncio.to_thread(grader.grade_from, sandbox, [SOLUTION_FILE],
                                              hidden_tests(self.task["task_id"]))
         return self.grade.reward
 
     async def close(self) -> None:
-        if self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            await self._pool.arelease(sandbox)
+        if self._acquiring is None:
+            return
+        acquiring, self._acquiring = self._acquiring, None
+        try:
+            sandbox = await acquiring
+        except Exception:  # the hand-out itself failed: there is nothing to give back
+            return
+        await self._pool.arelease(sandbox)
 
 
 def expert_replies(task: dict[str, Any], *, tool_format: ToolCallFormat | None = None,

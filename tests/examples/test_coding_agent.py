@@ -202,6 +202,30 @@ def test_malformed_calls_become_tool_errors_without_touching_a_sandbox(renderer)
     assert pool.acquired == 0 and env.grade is None
 
 
+def test_a_tool_that_times_out_waiting_for_a_sandbox_still_gives_it_back(renderer):
+    class SlowPool:  # hands out a marker after a delay longer than the tool timeout
+        released: list = []
+
+        async def aacquire(self, timeout=None):
+            await asyncio.sleep(0.3)
+            return "sandbox-1"
+
+        async def arelease(self, sandbox):
+            self.released.append(sandbox)
+
+    class Env(CodingEnv):
+        tool_timeout_s = 0.05
+
+        async def reward(self):  # grading is not the point here; the hand-out is
+            return float(await self.sandbox() == "sandbox-1")
+
+    pool = SlowPool()
+    policy = ScriptedPolicy(renderer.tokenizer, [call("run_python", code="print(1)"), "bye"])
+    result = asyncio.run(run_episode(Env(pool=pool), task_of("HumanEval/0"), policy, renderer, session_id="t"))
+    assert tool_messages(result) == ["Error: tool 'run_python' timed out after 0.05 s"]
+    assert result.metrics.reward == 1.0 and pool.released == ["sandbox-1"]
+
+
 # ---- episodes in Docker sandboxes --------------------------------------------------------------------
 @pytest.mark.docker
 def test_canonical_solution_scores_1_and_replays_the_expert_chat(docker, renderer, pool):
