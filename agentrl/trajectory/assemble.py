@@ -35,6 +35,7 @@ class Chain:
     last: TurnRecord  # the last merged turn: the sample holds exactly last.prompt_ids + last.output_ids
     response_start: int
     lost_turns: list[int] = field(default_factory=list)  # turns dropped when a cut hit the first prompt
+    drift_points: list[dict[str, Any]] = field(default_factory=list)  # {turn, position, outcome} per drift
 
     @property
     def latest_output_start(self) -> int:
@@ -94,71 +95,70 @@ def assemble_sample(
 ) -> tuple[Sample, dict[str, Any]]:
     """Build the sample of ``chain``; also return layout facts (trained turns, budget cut) for metadata."""
     turns = chain.turns
+    divergences = chain.divergences
     recs = [records[t] for t in turns]
     full_length = chain.held_length
     n = min(full_length, max_sample_tokens) if max_sample_tokens > 0 else full_length
-
-    # Walk turns backwards; `limit` is the smallest later divergence, beyond which a turn's tokens are gone.
-    segments: list[tuple[int, int, str, int, bool]] = []  # (start, end, source, k, trained)
-    limit = full_length
-    for k in range(len(turns) - 1, -1, -1):
-        rec = recs[k]
-        d = chain.divergences[k]
-        prompt_len = len(rec.prompt_ids)
-        output_end = prompt_len + len(rec.output_ids)
-        end = limit
-        if d < end:
-            own: list[tuple[int, int, str, int, bool]] = []
-            if k == 0:
-                own.append((0, min(prompt_len, end), PROMPT, k, False))
-            else:
-                held_before = len(recs[k - 1].prompt_ids) + len(recs[k - 1].output_ids)
-                own.append((d, min(held_before, prompt_len, end), REALIGNED, k, False))
-                own.append((max(d, held_before), min(prompt_len, end), CONTEXT, k, False))
-            cut_inside = prompt_len < end < output_end
-            own.append((prompt_len, min(output_end, end), MODEL, k, not cut_inside))
-            segments.extend(reversed(own))
-        limit = min(limit, d)
-    segments.reverse()
+    # ends[k]: the smallest later divergence; turn k's tokens are [d_k, ends[k]) (none if d_k >= ends[k]).
+    ends = [full_length] * len(turns)
+    for k in range(len(turns) - 2, -1, -1):
+        later = divergences[k + 1]
+        ends[k] = later if later < ends[k + 1] else ends[k + 1]
 
     runs: list[ProvenanceRun] = []
     loss_mask: list[int] = []
     logprobs: list[float] = []
     trained_turns: list[int] = []
     trained_tokens = 0
-    response_start = min(chain.response_start, n)
-    for start, end, source, k, trained in segments:
-        end = min(end, n)
-        if end <= start:
-            continue
-        rec = recs[k]
-        turn = turns[k]
-        runs.append(ProvenanceRun(start, end, source, turn, rec.weight_version if source == MODEL else None))
-        if source == PROMPT:
-            continue
-        width = end - start
-        if trained:
-            loss_mask += [1] * width
-            if rec.output_logprobs:
-                offset = len(rec.prompt_ids)
-                logprobs += rec.output_logprobs[start - offset : end - offset]
-            else:
-                logprobs += [0.0] * width
-            trained_turns.append(turn)
-            trained_tokens += width
+    held_before = 0  # len(prompt + output) of the previous turn: what the sample held when turn k came
+    for k, rec in enumerate(recs):
+        turn, d, end = turns[k], divergences[k], ends[k]
+        prompt_len = len(rec.prompt_ids)
+        output_end = prompt_len + len(rec.output_ids)
+        previous_held, held_before = held_before, output_end
+        if d >= end:
+            continue  # a later turn re-rendered everything this one introduced
+        cap = end if end < n else n
+        if k == 0:
+            stop = min(prompt_len, cap)
+            if stop > 0:
+                runs.append(ProvenanceRun(0, stop, PROMPT, turn, None))
         else:
-            loss_mask += [0] * width
-            logprobs += [0.0] * width
+            stop = min(previous_held, prompt_len, cap)
+            if stop > d:
+                runs.append(ProvenanceRun(d, stop, REALIGNED, turn, None))
+                loss_mask += [0] * (stop - d)
+                logprobs += [0.0] * (stop - d)
+            start, stop = max(d, previous_held), min(prompt_len, cap)
+            if stop > start:
+                runs.append(ProvenanceRun(start, stop, CONTEXT, turn, None))
+                loss_mask += [0] * (stop - start)
+                logprobs += [0.0] * (stop - start)
+        stop = min(output_end, cap)
+        if stop > prompt_len:
+            width = stop - prompt_len
+            runs.append(ProvenanceRun(prompt_len, stop, MODEL, turn, rec.weight_version))
+            if prompt_len < end < output_end:  # a later drift cut inside this output: not trained
+                loss_mask += [0] * width
+                logprobs += [0.0] * width
+            else:
+                loss_mask += [1] * width
+                logprobs += rec.output_logprobs[:width] if rec.output_logprobs else [0.0] * width
+                trained_turns.append(turn)
+                trained_tokens += width
 
+    budget_cut = n < full_length
+    last = chain.last
     sample = Sample(
-        tokens=list(chain.held()[:n])
-        if n < full_length
-        else [*chain.last.prompt_ids, *chain.last.output_ids],
-        response_start=response_start,
+        tokens=list(chain.held()[:n]) if budget_cut else [*last.prompt_ids, *last.output_ids],
+        response_start=min(chain.response_start, n),
         loss_mask=loss_mask,
         rollout_logprobs=logprobs,
         provenance=Provenance._trusted(runs),  # contiguous by construction; verify() re-checks
-        status=_status(recs, n < full_length),
+        status=_status(recs, budget_cut),
     )
-    facts = {"trained_turns": trained_turns, "trained_tokens": trained_tokens, "budget_cut": n < full_length}
-    return sample, facts
+    return sample, {
+        "trained_turns": trained_turns,
+        "trained_tokens": trained_tokens,
+        "budget_cut": budget_cut,
+    }

@@ -157,6 +157,8 @@ class TrajectoryManager:
         else:
             session.tips.pop(chain.turns[-1], None)
             chain.extend(index, turn, divergence, outcome)
+            if outcome != CLEAN:
+                chain.drift_points.append({"turn": index, "position": divergence, "outcome": outcome})
         session.tips[index] = chain
         session.last_chain = chain
         session.records.append(turn)
@@ -222,7 +224,7 @@ class TrajectoryManager:
             raise TypeError(f"extra_metadata must be a mapping or None, got {type(extra_metadata).__name__}")
         if type(max_sample_tokens) is not int or max_sample_tokens < 0:
             raise ValueError(f"max_sample_tokens must be an int >= 0, got {max_sample_tokens!r}")
-        clashes = sorted(set(extra_metadata or ()) & RESERVED_METADATA)
+        clashes = sorted(set(extra_metadata) & RESERVED_METADATA) if extra_metadata else None
         if clashes:
             raise ValueError(f"extra_metadata may not override the contract's metadata keys {clashes}")
 
@@ -260,11 +262,6 @@ class TrajectoryManager:
         records = session.records
         trained = set(facts["trained_turns"])
         untrained = [t for t in chain.turns if t not in trained and records[t].output_ids]
-        drift_points = [
-            {"turn": t, "position": d, "outcome": o}
-            for t, d, o in zip(chain.turns[1:], chain.divergences[1:], chain.outcomes[1:], strict=True)
-            if o != CLEAN
-        ]
         counts = dict.fromkeys(TURN_OUTCOMES, 0)
         for outcome in chain.outcomes:
             counts[outcome] += 1
@@ -275,7 +272,7 @@ class TrajectoryManager:
             "lost_turns": list(chain.lost_turns),
             "outcomes": list(chain.outcomes),
             "drift": counts,
-            "drift_points": drift_points,
+            "drift_points": [dict(point) for point in chain.drift_points],
             "forked": chain.outcomes[0] == FORKED,
             "branched": chain.outcomes[0] == BRANCHED,
             "realigned": counts[REALIGNED],
