@@ -186,7 +186,8 @@ def session_id_of(request: ChatCompletionRequest, header: str | None) -> str:
 
 
 def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None) -> FastAPI:
-    """The FastAPI app: ``/v1/chat/completions``, ``/v1/models``, ``/sessions/...``, ``/health``."""
+    """The FastAPI app: ``/v1/chat/completions``, ``/v1/models`` (also without ``/v1``), ``/sessions/...``,
+    ``/health``."""
     from fastapi import FastAPI, Header, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
@@ -222,11 +223,13 @@ def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None
         return {"status": "ok"}
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list",
                 "data": [{"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "agentrl"}]}
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")  # for clients configured with a base URL without /v1
     async def chat_completions(body: ChatCompletionRequest,
                                x_session_id: str | None = Header(default=None)) -> Any:
         session_id = session_id_of(body, x_session_id)

@@ -260,6 +260,8 @@ def test_session_header_wins_logprobs_sampling_params_and_models(served):
     assert scripted.sampling_params[-1] == {"temperature": 0.5, "top_p": 0.9, "stop": ["\n\n"],
                                             "sampling_seed": 3, "max_new_tokens": 7}
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    status, body = post(url + "/chat/completions", {"model": "tiny", "messages": QUESTION, "user": "no-v1"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "ok" and "no-v1" in gateway.manager.sessions
     reply = client.chat.completions.create(model="tiny", messages=QUESTION, user="defaults")
     # without max_tokens the reply may use the rest of the context
     assert scripted.sampling_params[-1] == {"temperature": 1.0, "max_new_tokens": 512 - len(turn.prompt_ids)}
