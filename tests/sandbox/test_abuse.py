@@ -7,8 +7,6 @@ import time
 
 import pytest
 
-from tests.sandbox.conftest import backend_params
-
 pytestmark = pytest.mark.timeout(180)
 
 LIST_PROCS = (
@@ -22,9 +20,9 @@ LIST_PROCS = (
 )
 
 
-@pytest.fixture(params=backend_params())
-def pool(request, pools):
-    return pools(request.param)
+@pytest.fixture
+def pool(backend, pools):
+    return pools(backend)
 
 
 def procs(sb) -> list[str]:

@@ -10,7 +10,6 @@ import pytest
 
 from agentrl.sandbox.grader import Grader
 from agentrl.sandbox.humaneval import broken_completion, humaneval_files, load_problems
-from tests.sandbox.conftest import backend_params
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,9 +25,9 @@ def problems():
     return load_problems()
 
 
-@pytest.fixture(params=backend_params())
-def grader(request, require_bwrap):
-    return Grader(backend=request.param, timeout=20)
+@pytest.fixture
+def grader(backend):
+    return Grader(backend=backend, timeout=20)
 
 
 def _humaneval_items(problems, ids):
@@ -103,7 +102,6 @@ def test_unittest_style_tests(grader):
     assert not v.passed and v.reason == "2 of 2 tests failed"
 
 
-@pytest.mark.parametrize("backend", backend_params())
 def test_grading_from_an_agent_sandbox_uses_a_fresh_one(backend, pools):
     pool = pools(backend)
     grader = Grader(backend=backend, timeout=20)
