@@ -10,7 +10,7 @@ pool, and a grader that runs hidden tests in a fresh sandbox.
 
     with SandboxPool(size=8) as pool:                 # backend="auto": docker, else bubblewrap
         async with pool.asession() as sb:             # (inside the agent loop)
-            r = await sb.aexec("pytest -q", timeout=30)
+            r = await sb.aexec("python3 main.py", timeout=30)
 
     Grader().grade({"solution.py": code}, {"test_solution.py": hidden_tests}).passed
 
