@@ -312,7 +312,7 @@ def create_app(engine: Engine) -> FastAPI:
         version = body.get("new_version", body.get("weight_version"))
         if not isinstance(version, str | int) or isinstance(version, bool) or version == "":
             raise BadRequest("give 'new_version' (a non-empty string)")
-        if body.get("abort_all_requests"):
+        if body.get("abort_all_requests", True):  # SGLang's UpdateWeightVersionReqInput default
             engine.scheduler.abort(abort_all=True, message="Abort by update_weight_version")
         await run_blocking(engine.set_weight_version, str(version))
         return {"success": True, "message": "Weight version updated.", "new_version": str(version)}

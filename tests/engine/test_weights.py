@@ -227,4 +227,5 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
         r = client.post("/update_weights_from_tensor", json=body)
         assert r.status_code == 200, r.text
         assert client.get("/weights_checksum").json()["total"] == weights_checksum(params_a.items())["total"]
-    assert not eng.alive and eng.proc.returncode == 0  # SIGTERM: a clean uvicorn shutdown
+    # stop() = SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (exit -15), no SIGKILL
+    assert not eng.alive and eng.proc.returncode in (0, -15), (eng.proc.returncode, eng.log_tail())
