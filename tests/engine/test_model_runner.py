@@ -53,3 +53,15 @@ def test_batched_prefill_with_mixed_cached_prefixes_matches_hf(runner, hf_model)
         assert (torch.log_softmax(lg.float(), -1) - ref).abs().max().item() < 1e-5
     row = batch.row(0)
     assert row[0][0].shape[1] == len(seqs[1]) + 3
+
+
+def test_bfloat16_runner_is_close_to_fp32(tiny_model, runner):
+    bf16 = ModelRunner(str(tiny_model), dtype="bfloat16", device="cpu")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    items = [([1, 5, 9, 200, 17], None), ([1, 2], None)]
+    lg16, kv16 = bf16.prefill(items)
+    lg32, kv32 = runner.prefill(items)
+    assert torch.isfinite(lg16.float()).all()
+    assert (torch.log_softmax(lg16.float(), -1) - torch.log_softmax(lg32, -1)).abs().max() < 0.1
+    logits, _ = bf16.decode(BatchKV.empty().extend(kv16), [3, 4])
+    assert torch.isfinite(logits.float()).all() and logits.shape == (2, bf16.vocab_size)
