@@ -7,9 +7,10 @@ tensors and prints one JSON line: ``bitwise_equal``, ``bytes_sent`` / ``full_byt
 (summed over the K syncs), ``weight_version`` (the engine's), plus per-sync details. Exit code 0 only
 when the bits and the version match.
 
-Trainers (``--trainer``): ``hf-adamw-standin`` -- the HF model itself with a plain torch AdamW step on
-random tokens, a stand-in for the real trainer that exercises exactly the same export/sync path with
-the same tensor names and dtypes.
+Trainers (``--trainer``): ``megatron`` (default) -- :class:`agentrl.trainer.actor.MegatronTrainer`
+taking real GRPO steps, its weights exported with ``export_hf_named_tensors()``; ``hf-adamw-standin`` --
+NOT the real trainer: the HF model with a plain torch AdamW step on random tokens (no megatron-core
+needed; same HF names and dtypes, same sync path).
 """
 
 from __future__ import annotations
@@ -63,7 +64,42 @@ class HFAdamWStandIn:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
 
-TRAINERS = {"hf-adamw-standin": HFAdamWStandIn}
+class MegatronGRPO:
+    """The real trainer: :class:`agentrl.trainer.actor.MegatronTrainer` taking GRPO steps on random samples.
+
+    Each step is one ``train_step`` over ``groups`` groups of ``group_size`` random-token samples with
+    rewards that differ inside every group (so advantages, and therefore gradients, are non-zero).
+    """
+
+    name = "megatron"
+
+    def __init__(self, model_dir: Path, *, lr: float, seed: int = 0, groups: int = 2, group_size: int = 4) -> None:
+        import random
+
+        from agentrl.trainer.actor import MegatronTrainer
+        from agentrl.trainer.trainer_config import TrainerConfig
+
+        self.trainer = MegatronTrainer(model_dir, TrainerConfig(lr=lr, seed=seed))
+        self.vocab = int(self.trainer.hf_config.vocab_size)
+        self.rng = random.Random(seed)
+        self.groups, self.group_size = groups, group_size
+
+    def step(self) -> None:
+        samples = []
+        for g in range(self.groups):
+            for i in range(self.group_size):
+                tokens = [self.rng.randrange(3, self.vocab) for _ in range(24)]
+                samples.append({
+                    "tokens": tokens, "response_start": 8, "loss_mask": [1] * 16, "rollout_logprobs": [],
+                    "reward": float(i % 2), "group_id": g,
+                })
+        self.trainer.train_step(samples)
+
+    def export_hf_named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return list(self.trainer.export_hf_named_tensors())
+
+
+TRAINERS = {"megatron": MegatronGRPO, "hf-adamw-standin": HFAdamWStandIn}
 
 
 def engine_checksum(url: str) -> dict:
@@ -135,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="local HF model directory (e.g. from agentrl make-tiny-model)")
     p.add_argument("--mode", required=True, choices=MODES)
     p.add_argument("--steps", type=int, default=1, help="optimizer steps, each followed by one sync (>= 1)")
-    p.add_argument("--trainer", default="hf-adamw-standin", choices=sorted(TRAINERS))
+    p.add_argument("--trainer", default="megatron", choices=sorted(TRAINERS))
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-url", default=None, help="use a running engine instead of starting one")

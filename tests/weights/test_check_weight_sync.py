@@ -13,7 +13,10 @@ FIELDS = {"bitwise_equal", "bytes_sent", "full_bytes", "seconds", "weight_versio
 
 @pytest.mark.parametrize("mode", ["disk", "tensor", "broadcast", "delta"])
 def test_check_passes_on_a_running_engine(mode, tiny_model_dir, engine_urls, capsys) -> None:
-    code = main(["--model", str(tiny_model_dir), "--mode", mode, "--steps", "2", "--engine-url", engine_urls[0]])
+    code = main([
+        "--model", str(tiny_model_dir), "--mode", mode, "--steps", "2", "--engine-url", engine_urls[0],
+        "--trainer", "hf-adamw-standin",
+    ])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
@@ -25,9 +28,11 @@ def test_check_passes_on_a_running_engine(mode, tiny_model_dir, engine_urls, cap
     assert result["trainer"] == "hf-adamw-standin"
 
 
-def test_check_starts_its_own_engine(tiny_model_dir, capsys) -> None:
+def test_check_with_the_megatron_trainer_and_its_own_engine(tiny_model_dir, capsys) -> None:
+    pytest.importorskip("megatron.core")
     code = main(["--model", str(tiny_model_dir), "--mode", "delta", "--steps", "3"])
     result = json.loads(capsys.readouterr().out)
+    assert result["trainer"] == "megatron"
     assert code == 0 and result["bitwise_equal"] is True and result["weight_version"] == "step-3"
     # First sync is full, the next two are deltas.
     assert result["syncs"][0]["fallback"] and not result["syncs"][1]["fallback"]
