@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,8 @@ from typing import Any
 # smg's RL fan-out requires a label selector; this one matches every registered worker (no worker has
 # that engine name), whatever engine smg detected it as.
 ALL_WORKERS = "engine!=agentrl-none"
+
+_log = logging.getLogger(__name__)
 
 # Loopback control calls must never go through an http_proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -287,11 +290,15 @@ class SmgRouter:
     # -- RL control plane (fan-out to every worker) ------------------------------------------------
 
     def fanout(self, path: str, body: dict[str, Any] | None = None, *, selector: str = ALL_WORKERS,
-               allow_partial: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+               allow_partial: bool = False, drop_unreachable: bool = True,
+               timeout: float = 600.0) -> dict[str, Any]:
         """POST ``body`` to ``/<path>`` on every worker matching ``selector`` via ``/v1/rl/engine/<path>``.
 
-        Returns smg's answer ``{"results": {worker_id: {url, status, body, ...}}, "failed": [...], ...}``.
-        Raises :class:`FanoutError` if any worker failed, unless ``allow_partial``.
+        Returns smg's answer ``{"results": {worker_id: {url, status, body, ...}}, "failed": [...], ...}``
+        plus ``"dropped"``: the urls of unreachable workers that were deregistered. With
+        ``drop_unreachable`` an engine that cannot be reached (it died) is removed from the router instead
+        of failing the call: it missed this control call (e.g. a weight update), so it must not serve
+        again. Any other failure raises :class:`FanoutError`, unless ``allow_partial``.
         """
         if not self.enable_rl:
             raise RouterError("RL fan-out needs the router started with enable_rl=True")
@@ -299,11 +306,21 @@ class SmgRouter:
         # SGLang rejects a bodyless POST on pause/continue, so always send a JSON object.
         status, payload = self._request("POST", f"/v1/rl/engine/{path.lstrip('/')}?{query}",
                                         body or {}, timeout=timeout)
-        if status in (200, 207) and isinstance(payload, dict) and "results" in payload:
-            if payload.get("failed") and not allow_partial:
-                raise FanoutError(path, payload)
-            return payload
-        raise RouterError(f"fan-out {path!r}: HTTP {status}: {payload}")
+        if not (status in (200, 207) and isinstance(payload, dict) and "results" in payload):
+            raise RouterError(f"fan-out {path!r}: HTTP {status}: {payload}")
+        payload["dropped"] = []
+        if drop_unreachable:
+            dead = [f for f in payload.get("failed", []) if f.get("error") == "upstream_unreachable"]
+            for failure in dead:
+                with contextlib.suppress(RouterError, OSError):
+                    self._json("DELETE", f"/workers/{failure['worker_id']}")
+                    payload["dropped"].append(failure["url"])
+                    _log.warning("fan-out %s: engine %s unreachable; removed it from the router",
+                                 path, failure["url"])
+            payload["failed"] = [f for f in payload.get("failed", []) if f.get("url") not in payload["dropped"]]
+        if payload["failed"] and not allow_partial:
+            raise FanoutError(path, payload)
+        return payload
 
     def pause(self, mode: str | None = None) -> dict[str, Any]:
         """Pause generation on every engine (SGLang ``mode``: abort | retract | in_place)."""

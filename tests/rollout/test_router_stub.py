@@ -211,3 +211,22 @@ def test_client_abort_reaches_engine_through_router(stub_engines):
         router.continue_()
         assert all("rid-to-abort" in s.stats()["aborted_rids"] for s in stubs)
         assert http_json(stubs[0].url + "/stub_stats")["paused"] is False
+
+
+def test_fanout_drops_an_unreachable_engine_instead_of_failing(stub_engines, tmp_path):
+    dead, alive = stub_engines(2)
+    with SmgRouter([dead.url, alive.url]) as router:
+        dead.kill()
+        answer = router.update_weights_from_disk(str(tmp_path), "v2")
+        assert answer["succeeded"] == 1 and answer["dropped"] == [dead.url] and answer["failed"] == []
+        assert alive.stats()["weight_version"] == "v2"
+        # It missed the update, so it is deregistered: draining at once, gone after smg's drain settle.
+        assert all(w.status != "ready" for w in router.workers() if w.url == dead.url)
+        deadline = time.monotonic() + 20
+        while router.worker_id(dead.url) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [w.url for w in router.workers()] == [alive.url]
+        assert router.pause()["dropped"] == []
+        router.continue_()
+        with pytest.raises(FanoutError):
+            router.fanout("update_weights_from_disk", {}, drop_unreachable=False)
