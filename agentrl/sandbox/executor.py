@@ -71,6 +71,35 @@ def _killpg(pid):
         os.killpg(pid, signal.SIGKILL)
 
 
+def _bury_group(pgid, wait_s=2.0):
+    """SIGKILL the group until no member is left (killed processes die asynchronously, and a fork
+    bomb's last children may still be exiting), reaping those that became our children."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            break  # ESRCH: the group is empty
+        _reap()
+        if not _live_members(pgid):
+            break  # only zombies left, for whoever is their parent to reap
+        time.sleep(0.002)
+    _reap()
+
+
+def _live_members(pgid):
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in "ZX":
+                return True
+    return False
+
+
 def _reap():
     # Under bubblewrap the executor is PID 1 of its namespace, so orphans become its children.
     with contextlib.suppress(ChildProcessError):
@@ -269,7 +298,7 @@ def run(req):
     proc.stdout.close()
     proc.stderr.close()
     rc = proc.wait()
-    _reap()
+    _bury_group(proc.pid)
     duration = time.monotonic() - start
     if rc < 0:
         rc = 128 - rc
