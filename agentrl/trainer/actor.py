@@ -25,6 +25,7 @@ from agentrl.trainer.model import (
     megatron_state_dict,
     resolve_attention,
     spec_flavour,
+    unwrap,
 )
 from agentrl.trainer.parallel import init_model_parallel, tp_rank_size
 from agentrl.trainer.trainer_config import TrainerConfig, load_callable
@@ -48,18 +49,23 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 class MegatronTrainer:
     """GRPO-family trainer over a megatron-core ``GPTModel`` loaded from a HF checkpoint directory."""
 
-    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None) -> None:
+    def __init__(self, model_dir: str | Path | None, config: TrainerConfig | None = None, *,
+                 hf_config: Any = None) -> None:
+        """Load ``model_dir`` (a local HF checkpoint), or with ``model_dir=None`` build a random-init model
+        shaped by ``hf_config`` (benchmarks; the reference model is then a copy of the same init)."""
         from megatron.core import parallel_state
 
         self.config = cfg = config or TrainerConfig()
-        self.model_dir = Path(model_dir)
+        if model_dir is None and hf_config is None:
+            raise ValueError("give a model directory or, for a random-init model, hf_config")
+        self.model_dir = Path(model_dir) if model_dir is not None else None
         init_model_parallel(cfg.tp_size, seed=cfg.seed)
         self.tp_rank, self.tp_size = tp_rank_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dtype = _DTYPES[cfg.dtype]
         self.attention = resolve_attention(cfg.attention)
-        self.hf_config = load_hf_config(self.model_dir)
+        self.hf_config = hf_config if hf_config is not None else load_hf_config(self.model_dir)
         self.shape = ModelShape.from_hf_config(self.hf_config)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -69,7 +75,10 @@ class MegatronTrainer:
         self.scheduler = self._build_scheduler()
         self.ref_model = None
         if cfg.needs_ref:
-            self.ref_model = self._mixed_precision(self._build(Path(cfg.ref_model_dir or self.model_dir)))
+            ref_dir = cfg.ref_model_dir or self.model_dir
+            self.ref_model = self._mixed_precision(self._build(Path(ref_dir) if ref_dir else None))
+            if ref_dir is None:
+                unwrap(self.ref_model).load_state_dict(self.gpt.state_dict())
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.advantage_fn = load_callable(cfg.advantage_fn)
@@ -78,11 +87,13 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------------------------------ construction
 
-    def _build(self, model_dir: Path):
+    def _build(self, model_dir: Path | None):
         model = build_gpt_model(
             self.hf_config, tp_size=self.tp_size, dtype=self.dtype, attention=self.attention,
-            recompute=self.config.recompute,
+            recompute=self.config.recompute, init_weights=model_dir is None,
         )
+        if model_dir is None:
+            return model
         hf_state = load_hf_state_dict(model_dir)
         load_hf_weights(model, hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=self.tp_size,
                         attention=self.attention)

@@ -1,0 +1,36 @@
+"""benchmarks/trainer_bench.py runs on CPU with a small shape and writes its JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_bench.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("trainer_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_tiny_run_writes_results(tmp_path):
+    bench = _load()
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--shape", "tiny", "--seq-len", "32", "--seqs-per-microbatch", "2", "--microbatches", "1",
+                     "--steps", "1", "--attention", "sdpa", "--out", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())
+    assert row["attention"] == "sdpa" and row["tokens_per_s"] > 0 and row["mfu"] is None
+    assert 0.5 < row["params_m"] < 0.8  # the 0.62M tiny shape
+
+
+def test_flops_formula_counts_linears_and_head():
+    bench = _load()
+    cfg = bench.hf_config("tiny", 32)
+    # 2 layers x 2 x (qkv 128*256 + proj 128*128 + mlp 3*128*512) + attention + head 2*128*1024
+    linear = 2 * 2 * (128 * 256 + 128 * 128 + 3 * 128 * 512)
+    attn = 2 * 4 * 4 * 32 * 16
+    assert bench.forward_flops_per_token(cfg, 32) == linear + attn + 2 * 128 * 1024
