@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -147,10 +148,14 @@ def _wait_ok(url: str, timeout: float = 20.0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=3000, help="requests per cell at concurrency >= 32")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per cell at concurrency >= 32")
+    parser.add_argument("--requests-httpx", type=int, default=500,
+                        help="requests per httpx cell at concurrency >= 32 (it is ~10x slower)")
     parser.add_argument("--requests-c1", type=int, default=600, help="requests per cell at concurrency 1")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
+    parser.add_argument("--router-args", default="", help="extra `smg launch` flags, one shell-quoted string")
+    parser.add_argument("--paths", nargs="+", default=["direct", "smg"], choices=["direct", "smg"])
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "client_bench.json"))
     args = parser.parse_args(argv)
 
@@ -161,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stub_url = f"http://127.0.0.1:{port}"
         _wait_ok(stub_url + "/health")
-        with SmgRouter([stub_url]) as router:
-            targets = {"direct": stub_url, "smg": router.url}
+        with SmgRouter([stub_url], extra_args=shlex.split(args.router_args)) as router:
+            targets = {p: {"direct": stub_url, "smg": router.url}[p] for p in args.paths}
             for concurrency in args.concurrency:
-                n = args.requests_c1 if concurrency == 1 else args.requests
                 for path, url in targets.items():
                     for name in args.clients:
+                        n = args.requests_c1 if concurrency == 1 else (
+                            args.requests_httpx if name == "httpx" else args.requests)
                         pids = {"client": None, "stub": stub.pid, "router": router.pid}
                         cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
                         result = asyncio.run(CLIENTS[name](url, n, concurrency))
@@ -207,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_avg_at_end": os.getloadavg()},
         "targets": {"req_per_s": 2000, "added_p50_ms": 1.0},
+        "router_args": args.router_args,
         "rows": rows,
     }, indent=2) + "\n")
     print(f"wrote {out}")
