@@ -78,3 +78,16 @@ def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_engine_that_cannot_load_the_model_fails_serve_cleanly(tmp_path, capsys):
+    model = tmp_path / "broken"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    port = free_port()
+    assert serve_main(["--model", str(model), "--engines", "1", "--port", str(port),
+                       "--startup-timeout", "200"]) == 1
+    err = capsys.readouterr().err
+    assert "EngineStartError" in err and "exited" in err
+    assert not _listening(port)  # the router was never started
