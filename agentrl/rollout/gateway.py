@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from agentrl.envs.formats import ToolCallFormat
     from agentrl.envs.loop import Generate
-    from agentrl.trajectory import DriftPolicy, TurnRecord
+    from agentrl.trajectory import DriftPolicy, Sample, TurnRecord
 
 SESSION_HEADER = "x-session-id"
 STREAM_PIECES = 256  # at most this many content deltas per streamed reply (each is one prefix decode)
@@ -78,7 +78,9 @@ class Gateway:
 
     ``generate`` is any ``async (input_ids, *, session_id, sampling_params) -> TurnRecord`` — in production
     :meth:`RolloutClient.generate_turn`, in tests a scripted policy. All manager calls happen on the event
-    loop, so the manager needs no lock.
+    loop, so the manager needs no lock. Prompts are tokenized in a worker thread: do not hand the same
+    tokenizer object to code that encodes on another thread (a HF fast tokenizer switches shared backend
+    state per call for ``split_special_tokens``, so concurrent encodes can corrupt each other).
     """
 
     def __init__(self, tokenizer: Any, generate: Generate, *, policy: str | DriftPolicy = "realign",
@@ -162,11 +164,15 @@ class Gateway:
     def token_texts(self, turn: TurnRecord) -> list[str]:
         return [self.renderer.tokenizer.decode([i], skip_special_tokens=False) for i in turn.output_ids]
 
+    def finish_session(self, session_id: str, reward: float | dict[str, float], *, group_id: str | int | None = None,
+                       metadata: dict[str, Any] | None = None) -> list[Sample]:
+        """Consume the session and return its Samples (``UnknownSessionError`` if there is none)."""
+        return self.manager.get_trajectory(session_id, reward=reward, group_id=group_id, extra_metadata=metadata)
+
     def finish(self, session_id: str, body: FinishRequest) -> dict[str, Any]:
-        """Consume the session: its Samples (and, with ``return_turns``, the TurnRecords they came from)."""
+        """``POST /sessions/{id}/finish``: the Samples as dicts (and, with ``return_turns``, the TurnRecords)."""
         turns = self.manager.turns(session_id) if body.return_turns else None
-        samples = self.manager.get_trajectory(session_id, reward=body.reward, group_id=body.group_id,
-                                              extra_metadata=body.metadata)
+        samples = self.finish_session(session_id, body.reward, group_id=body.group_id, metadata=body.metadata)
         out: dict[str, Any] = {"samples": [s.to_dict() for s in samples]}
         if turns is not None:
             out["turns"] = [{"prompt_ids": list(t.prompt_ids), "output_ids": list(t.output_ids),

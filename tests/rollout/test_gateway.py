@@ -97,7 +97,11 @@ def served(tokenizer):
     started: list[ServerThread] = []
 
     def start(script, *, policy: str = "realign", context_length: int | None = None):
-        scripted = ScriptedPolicy(tokenizer, script)
+        from transformers import AutoTokenizer
+
+        # The policy gets its own tokenizer: the gateway tokenizes in a worker thread, and a fast tokenizer
+        # toggles shared state per call (split_special_tokens), so one instance must not serve two threads.
+        scripted = ScriptedPolicy(AutoTokenizer.from_pretrained(TOKENIZER_DIR), script)
         gateway = Gateway(tokenizer, scripted, policy=policy, context_length=context_length, model_name="tiny")
         server = ServerThread(create_app(gateway)).__enter__()
         started.append(server)
@@ -181,6 +185,10 @@ def test_rewritten_history_starts_a_new_sample_and_nothing_is_trained_twice(serv
     assert [s.metadata["turns"] for s in samples] == [[0, 1], [2]]
     assert samples[1].metadata["branched"] is True
     assert gateway.manager.stats["branched"] == 1
+    # The same through the Python API.
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], user="py")
+    (sample,) = gateway.finish_session("py", 0.25, group_id=7)
+    assert sample.reward == 0.25 and sample.group_id == 7 and sample.session_id == "py"
 
 
 def test_streaming_text_and_tool_calls_in_openai_chunks(served):
