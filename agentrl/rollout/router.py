@@ -203,6 +203,8 @@ class SmgRouter:
             if time.monotonic() > deadline:
                 raise RouterError(f"smg not healthy after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.1)
+        if not self.alive:  # the 200 came from whatever else holds the port, and smg died on it
+            raise RouterError(f"smg exited while starting:\n{self.log_tail()}")
         for url in self.worker_urls:
             self._wait_worker_ready(url, deadline)
 
