@@ -178,3 +178,15 @@ def test_config_rejects_bad_values():
         load_callable("nodots")
     with pytest.raises(ValueError):
         load_callable("agentrl.trainer.losses.LossConfigX")
+
+
+def test_bf16_trainer_with_two_mini_batches(tiny_dir):
+    samples = synthetic_samples(n_groups=2, per_group=3, seed=0)
+    fp32 = MegatronTrainer(tiny_dir, TrainerConfig()).compute_logprobs(samples)
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(dtype="bfloat16", lr=1e-3, steps_per_batch=2))
+    bf16 = trainer.compute_logprobs(samples)
+    assert max(abs(x - y) for a, b in zip(bf16, fp32, strict=True) for x, y in zip(a, b, strict=True)) < 2e-2
+    metrics = trainer.train_step(samples)
+    # The second mini-batch is trained after the first update: off-policy, so the mean ratio moves off 1.
+    assert abs(metrics["ratio_mean"] - 1.0) > 1e-4
+    assert {w.dtype for _, w in trainer.export_hf_named_tensors()} == {torch.bfloat16}
