@@ -7,6 +7,7 @@ step, so padding stays on the left; positions are passed explicitly, so padding 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,9 +75,55 @@ class BatchKV:
 
 
 def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A transformers DynamicCache over ``layers`` whose layers append into spare capacity."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+    cache = DynamicCache()
+    if layers:
+        cache.layers = [_growing_layer(k, v) for k, v in layers]
+    return cache
+
+
+def _growing_layer(keys: torch.Tensor, values: torch.Tensor, spare: int = 64):
+    return _growing_layer_class()(keys, values, spare)
+
+
+@functools.cache
+def _growing_layer_class():
+    """A ``DynamicLayer`` that writes new tokens into spare capacity (doubling when full) instead of
+    re-allocating the whole KV with ``torch.cat`` on every decode step (built lazily: transformers is
+    imported only when a model runs)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self, keys, values, spare: int) -> None:
+            super().__init__()
+            b, h, t, d = keys.shape
+            self._k = keys.new_empty((b, h, t + spare, d))
+            self._v = values.new_empty((b, h, t + spare, d))
+            self._k[:, :, :t] = keys
+            self._v[:, :, :t] = values
+            self._len = t
+            self.keys, self.values = self._k[:, :, :t], self._v[:, :, :t]
+            self.dtype, self.device = keys.dtype, keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self._len + key_states.shape[-2]
+            if end > self._k.shape[2]:
+                cap = max(end, 2 * self._k.shape[2])
+                k, v = self._k, self._v
+                self._k = k.new_empty((*k.shape[:2], cap, k.shape[3]))
+                self._v = v.new_empty((*v.shape[:2], cap, v.shape[3]))
+                self._k[:, :, : self._len] = k[:, :, : self._len]
+                self._v[:, :, : self._len] = v[:, :, : self._len]
+            self._k[:, :, self._len : end] = key_states
+            self._v[:, :, self._len : end] = value_states
+            self._len = end
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            return self.keys, self.values
+
+    return GrowingLayer
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
