@@ -229,3 +229,35 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
         assert client.get("/weights_checksum").json()["total"] == weights_checksum(params_a.items())["total"]
     # stop() = SIGTERM; uvicorn shuts down gracefully, then re-raises the signal (exit -15), no SIGKILL
     assert not eng.alive and eng.proc.returncode in (0, -15), (eng.proc.returncode, eng.log_tail())
+
+
+def test_retract_update_continue_switches_weights_mid_request(client, server, tiny_model, tiny_model_b, hf_logprobs):
+    """pause(retract) -> update -> continue: tokens before the pause come from the old weights, every
+    token after it from the new ones (the request is re-prefilled), and it reports the new version."""
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    reset(client, tiny_model, version="A")
+    result: dict = {}
+    body = {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}}
+    t = threading.Thread(target=lambda: result.update(httpx.post(server.url + "/generate", json=body, timeout=120).json()))
+    t.start()
+    deadline = time.monotonic() + 60
+    while client.get("/get_load").json()[0]["num_tokens"] < len(PROMPT) + 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert client.post("/pause_generation", json={"mode": "retract"}).status_code == 200
+    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model_b), "weight_version": "B"})
+    assert r.status_code == 200
+    client.post("/continue_generation", json={})
+    t.join(60)
+    assert result["meta_info"]["weight_version"] == "B"
+    assert result["meta_info"]["completion_tokens"] == 150
+    out = result["output_ids"]
+    ours = [lp for lp, _, _ in result["meta_info"]["output_token_logprobs"]]
+    ref_a = hf_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval(), PROMPT, out)
+    ref_b = hf_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model_b, dtype=torch.float32).eval(), PROMPT, out)
+    k = next(i for i, (x, a) in enumerate(zip(ours, ref_a, strict=True)) if abs(x - a) >= 1e-5)
+    assert 0 < k < len(out)
+    assert all(abs(x - b) < 1e-5 for x, b in zip(ours[k:], ref_b[k:], strict=True))
