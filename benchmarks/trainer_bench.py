@@ -111,6 +111,9 @@ def run_one(args, attention: str) -> dict:
         peak_mem_gib=peak_memory_gib(args.device),
     )
     del trainer
+    import gc
+
+    gc.collect()  # drop the optimizer / DDP buffers before the next attention variant allocates its own
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return result

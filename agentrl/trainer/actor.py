@@ -7,6 +7,7 @@ whole groups, and each data-parallel rank then trains on its slice (sample ``i``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,12 +210,16 @@ class MegatronTrainer:
         if cfg.kl_in_reward:
             if ref is None:
                 raise ValueError("kl_in_reward needs loss.kl_coef > 0 (it sets the coefficient)")
-            reward_t = self._rewards_with_kl(reward_t, mbs, old, ref, local)
+            adjusted = self._rewards_with_kl(reward_t, mbs, old, ref, local)
+            metrics_out["kl_reward_penalty"] = float((reward_t - adjusted).mean())
+            reward_t = adjusted
         advantages = self.advantage_fn(reward_t, groups).tolist()
 
         old_by_sample = self._per_sample(mbs, old, local)
         ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
 
+        # With KL in the reward, the loss must not add it a second time.
+        loss_cfg = dataclasses.replace(cfg.loss, kl_coef=0.0) if cfg.kl_in_reward else cfg.loss
         totals: dict[str, float] = {}
         token_weight = 0.0
         for chunk_no, chunk in enumerate(self._minibatch_chunks(local)):
@@ -236,7 +241,7 @@ class MegatronTrainer:
                 entropy = vocab_parallel_entropy(logits, cfg.temperature)
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(
-                    lp, old_lp, mb.advantages, mb.loss_mask, cfg.loss,
+                    lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,
                     rollout_logprobs=mb.rollout_logprobs if has_rollout else None,
                     ref_logprobs=ref_lp if not cfg.kl_in_reward else None,
                     entropy=entropy, n_tokens=max(n_tokens, 1.0), n_seqs=max(n_seqs, 1.0),

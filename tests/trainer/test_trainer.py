@@ -152,6 +152,11 @@ def test_kl_to_reference_and_entropy_bonus(tiny_dir):
     assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
     second = trainer.train_step(samples)
     assert second["kl"] > 0.0 and second["entropy"] > 0.0
+    in_reward = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, kl_in_reward=True, loss={"kl_coef": 0.1}))
+    assert in_reward.train_step(samples)["kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
+    later = in_reward.train_step(samples)
+    assert later["kl_reward_penalty"] > 0.0  # low_var_kl >= 0, and the policy has moved
+    assert "kl" not in later  # KL went into the rewards, not into the loss
 
 
 def test_dict_rewards_and_bad_samples(tiny_dir):
