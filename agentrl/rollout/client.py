@@ -215,6 +215,8 @@ class RolloutClient:
         prompt = [int(t) for t in input_ids]
         if not prompt:
             raise ValueError("input_ids must not be empty")
+        if sampling_params and sampling_params.get("n", 1) != 1:
+            raise ValueError("generate() samples one continuation per call: sampling_params['n'] must be 1")
         base_rid = rid or uuid.uuid4().hex
         body: dict[str, Any] = {"input_ids": prompt, "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": True, "rid": base_rid}
