@@ -110,6 +110,16 @@ def test_sessions_are_independent_and_finish_consumes(stack):
     for session in ("a", "b"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": session}],
                                        max_tokens=4, user=session)
+    def content(seed, i):
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "seed"}],
+                                              max_tokens=12, temperature=1.0, seed=seed,
+                                              user=f"seed-{seed}-{i}").choices[0].message.content
+
+    assert content(5, 0) == content(5, 1)  # the seed reaches the engine through smg
+    assert content(None, 0) != content(None, 1)  # (a near-uniform random model: unseeded replies differ)
+    for seed in (5, None):
+        for i in range(2):
+            gateway.finish_session(f"seed-{seed}-{i}", 0.0)
     samples_a, turns_a = finish(server.url, "a")
     verify_session(samples_a, turns_a)
     assert gateway.manager.sessions == ["b"]
