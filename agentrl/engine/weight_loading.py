@@ -43,7 +43,8 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], f
     if fmt == "safetensors":
         from safetensors.torch import save
 
-        data = save({name: t.detach().contiguous().cpu() for name, t in items})
+        # a copy each: safetensors refuses tensors that share storage (views into one flat bucket)
+        data = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
         return base64.b64encode(data).decode("ascii")
     if fmt is None:
         from multiprocessing.reduction import ForkingPickler

@@ -261,3 +261,17 @@ def test_retract_update_continue_switches_weights_mid_request(client, server, ti
     k = next(i for i, (x, a) in enumerate(zip(ours, ref_a, strict=True)) if abs(x - a) >= 1e-5)
     assert 0 < k < len(out)
     assert all(abs(x - b) < 1e-5 for x, b in zip(ours[k:], ref_b[k:], strict=True))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", None])
+def test_tensor_update_from_views_of_one_flat_bucket(client, tiny_model, params_b, fmt):
+    """Trainers send buckets: every tensor a view into one flat buffer (shared storage)."""
+    reset(client, tiny_model)
+    flat = torch.cat([t.reshape(-1) for t in params_b.values()])
+    views, offset = [], 0
+    for name, t in params_b.items():
+        views.append((name, flat[offset : offset + t.numel()].view(t.shape)))
+        offset += t.numel()
+    r = client.post("/update_weights_from_tensor", json=update_weights_from_tensor_body(views, weight_version="flat", fmt=fmt))
+    assert r.status_code == 200, r.text
+    assert checksum(client)["total"] == weights_checksum(params_b.items())["total"]
