@@ -305,7 +305,7 @@ def test_bad_arguments_are_rejected_before_any_request():
                 await client.generate([], session_id="s")
             with pytest.raises((TypeError, ValueError)):
                 await client.generate(["a"], session_id="s")
-            with pytest.raises(ValueError, match="'n' must be 1"):
+            with pytest.raises(ValueError, match=r"\['n'\] must be 1"):
                 await client.generate([1], {"n": 4}, session_id="s")
 
     run(main())
