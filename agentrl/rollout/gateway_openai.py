@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
@@ -209,9 +209,6 @@ def new_call_id() -> str:
 
 def new_completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex
-
-
-FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def finish_reason(engine_reason: str, has_calls: bool) -> str:
