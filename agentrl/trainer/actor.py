@@ -238,7 +238,9 @@ class MegatronTrainer:
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
                 logits = self._forward(self.model, mb)
                 lp = token_logprobs(logits, mb.tokens, cfg.temperature)
-                entropy = vocab_parallel_entropy(logits, cfg.temperature)
+                # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
+                with torch.set_grad_enabled(loss_cfg.entropy_coef != 0):
+                    entropy = vocab_parallel_entropy(logits, cfg.temperature)
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(
                     lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,
