@@ -299,8 +299,11 @@ _WEIGHT_INDEX = "model.safetensors.index.json"
 
 
 def load_hf_config(model_dir: str | Path) -> Any:
+    """The ``transformers`` config of a local checkpoint directory (never a hub id)."""
     from transformers import AutoConfig
 
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a HF model directory (no config.json)")
     return AutoConfig.from_pretrained(str(model_dir))
 
 

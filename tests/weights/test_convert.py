@@ -146,3 +146,5 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         C.load_hf_state_dict(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a directory"):
         C.load_hf_state_dict(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        C.load_hf_config(tmp_path / "nope")
