@@ -24,7 +24,8 @@ def router(server, tmp_path_factory):
         proc = subprocess.Popen(
             ["smg", "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", server.url,
              "--policy", "manual", "--assignment-mode", "min_group", "--log-level", "warn",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--enable-rl"],
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--enable-rl",
+             "--shutdown-grace-period-secs", "1"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
