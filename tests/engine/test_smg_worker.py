@@ -75,3 +75,19 @@ def test_stream_through_smg(router):
     assert r.status_code == 200
     lines = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and len(lines) == 4
+
+
+def test_rl_fanout_reaches_the_engine(router, server):
+    """smg --enable-rl: /v1/rl/engine/<path>?selector=<label selector> fans out to matching workers."""
+    fan = {"selector": "worker_type=regular"}  # every regular worker
+    r = httpx.post(router + "/v1/rl/engine/pause_generation", params=fan, json={"mode": "in_place"}, timeout=30)
+    assert r.status_code == 200 and r.json()["succeeded"] == 1, r.text
+    assert server.engine.scheduler.paused
+    r = httpx.post(router + "/v1/rl/engine/update_weight_version", params=fan,
+                   json={"new_version": "via-router", "abort_all_requests": False}, timeout=30)
+    assert r.status_code == 200 and r.json()["succeeded"] == 1, r.text
+    r = httpx.post(router + "/v1/rl/engine/continue_generation", params=fan, json={}, timeout=30)
+    assert r.status_code == 200 and not server.engine.scheduler.paused
+    out = httpx.post(router + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}},
+                     headers={"X-SMG-Routing-Key": "s3"}, timeout=60).json()
+    assert out["meta_info"]["weight_version"] == "via-router"
