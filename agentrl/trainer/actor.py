@@ -176,9 +176,10 @@ class MegatronTrainer:
     def _local_indices(self, n: int, rank: int) -> list[int]:
         return [i for i in range(n) if i % self.dp_size == rank]
 
-    def _minibatch_chunks(self, indices: list[int]) -> list[list[int]]:
-        k = self.config.steps_per_batch
-        return [indices[j::k] for j in range(k)] if len(indices) >= k else [indices]
+    def _minibatch_chunks(self, indices: list[int], n_total: int) -> list[list[int]]:
+        # Every data-parallel rank must take the same number of optimizer steps: cap by the smallest slice.
+        k = max(1, min(self.config.steps_per_batch, n_total // self.dp_size))
+        return [indices[j::k] for j in range(k)]
 
     def train_step(self, samples: Sequence[Any]) -> dict[str, float]:
         """One GRPO update on the global batch ``samples``; returns averaged metrics."""
@@ -222,10 +223,10 @@ class MegatronTrainer:
         loss_cfg = dataclasses.replace(cfg.loss, kl_coef=0.0) if cfg.kl_in_reward else cfg.loss
         totals: dict[str, float] = {}
         token_weight = 0.0
-        for chunk_no, chunk in enumerate(self._minibatch_chunks(local)):
+        for chunk_no, chunk in enumerate(self._minibatch_chunks(local, len(samples))):
             chunk_samples = [samples[i] for i in chunk]
             # Global denominators: this mini-batch across all data-parallel ranks.
-            peers = [self._minibatch_chunks(self._local_indices(len(samples), r))[chunk_no]
+            peers = [self._minibatch_chunks(self._local_indices(len(samples), r), len(samples))[chunk_no]
                      for r in range(self.dp_size)]
             n_seqs = float(sum(len(p) for p in peers))
             n_tokens = float(sum(sum(sample_field(samples[i], "loss_mask")) for p in peers for i in p))

@@ -54,6 +54,8 @@ class TrainerConfig:
             raise ValueError(f"steps_per_batch must be >= 1, got {self.steps_per_batch}")
         if self.max_tokens_per_microbatch < 1:
             raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}")
+        if self.use_distributed_optimizer and self.optimizer != "adam":
+            raise ValueError("Megatron's distributed optimizer supports only optimizer='adam'")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 

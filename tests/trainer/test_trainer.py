@@ -177,6 +177,8 @@ def test_config_rejects_bad_values():
         TrainerConfig(steps_per_batch=0)
     with pytest.raises(ValueError):
         TrainerConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="only optimizer='adam'"):
+        TrainerConfig(use_distributed_optimizer=True, optimizer="sgd")
     from agentrl.trainer.trainer_config import load_callable
 
     with pytest.raises(ValueError):
@@ -195,3 +197,18 @@ def test_bf16_trainer_with_two_mini_batches(tiny_dir):
     # The second mini-batch is trained after the first update: off-policy, so the mean ratio moves off 1.
     assert abs(metrics["ratio_mean"] - 1.0) > 1e-4
     assert {w.dtype for _, w in trainer.export_hf_named_tensors()} == {torch.bfloat16}
+
+
+def test_distributed_optimizer_matches_plain_adam_and_mini_batches_are_capped(tiny_dir):
+    samples = synthetic_samples(n_groups=1, per_group=2, seed=8)
+    plain = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3))
+    want = plain.train_step(samples)
+    want_w = dict(plain.export_hf_named_tensors())
+    sharded = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, use_distributed_optimizer=True))
+    got = sharded.train_step(samples)
+    assert got["loss"] == want["loss"] and got["grad_norm"] == want["grad_norm"]
+    assert all(torch.equal(w, want_w[n]) for n, w in sharded.export_hf_named_tensors())
+    # 5 requested mini-batches but only 2 samples: two optimizer steps, none on an empty mini-batch.
+    capped = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, steps_per_batch=5))
+    capped.train_step(samples)
+    assert capped.scheduler.num_steps == 2
