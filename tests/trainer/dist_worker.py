@@ -63,6 +63,10 @@ def run(model_dirs: list[str], out: Path) -> None:
     results["dp2_metrics"] = trainer.train_step(batch)
     results["dp2_weights"] = dict(trainer.export_hf_named_tensors())
 
+    # Megatron's distributed optimizer (Adam only; grads reduce-scattered over gloo): same loss and norm.
+    dist_cfg = dict(cfg, optimizer="adam", lr=1e-3, use_distributed_optimizer=True)
+    results["dp2_distopt_metrics"] = MegatronTrainer(d, TrainerConfig(**dist_cfg)).train_step(batch)
+
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
     dist.barrier()

@@ -82,3 +82,6 @@ def test_tp2_and_dp2_match_tp1(dist_results):
             assert got[key] == pytest.approx(ref[key], abs=1e-5), (layout, key, got[key], ref[key])
         diff = max((res[f"{layout}_weights"][k] - w).abs().max().item() for k, w in weights.items())
         assert diff < 1e-5, (layout, diff)
+    distopt = res["dp2_distopt_metrics"]
+    for key in ("loss", "entropy", "grad_norm"):  # measured before the (Adam) update
+        assert distopt[key] == pytest.approx(ref[key], abs=1e-5), (key, distopt[key], ref[key])
