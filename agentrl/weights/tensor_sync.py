@@ -30,31 +30,6 @@ if TYPE_CHECKING:
 TRANSPORTS = ("shm", "cuda_ipc", "safetensors")
 
 
-def serialize(named_tensors: list[tuple[str, torch.Tensor]], fmt: str | None) -> str:
-    """One ``serialized_named_tensors`` entry as :mod:`agentrl.engine.weight_loading` reads it.
-
-    ``fmt=None`` is SGLang's ``MultiprocessingSerializer``: base64 of a ``ForkingPickler`` dump, in which
-    torch's reductions replace CPU storages by shared-memory handles (``file_system`` strategy, so the
-    handle is a file name any process can open) and CUDA storages by CUDA IPC handles.
-    """
-    import base64
-
-    if fmt == "safetensors":
-        from safetensors.torch import save
-
-        data = save({name: t.detach().contiguous().cpu() for name, t in named_tensors})
-        return base64.b64encode(data).decode("ascii")
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing as mp  # registers torch's storage reductions with ForkingPickler
-
-    mp.set_sharing_strategy("file_system")
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump([(name, t.detach()) for name, t in named_tensors])
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 class StagingBuffers:
     """Bucket buffers kept across syncs (same layout each time), so handles stay valid and open once."""
 
@@ -113,6 +88,8 @@ class TensorSync(WeightSync):
         self.staging = StagingBuffers(staging_device, shared=transport == "shm", persistent=transport == "cuda_ipc")
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        from agentrl.engine.weight_loading import update_weights_from_tensor_body
+
         fmt = "safetensors" if self.transport == "safetensors" else None
         unique = unique_named_tensors(tensors)
         allocate = None if fmt == "safetensors" else self.staging.allocate
@@ -124,12 +101,14 @@ class TensorSync(WeightSync):
 
                 torch.cuda.synchronize(staged.flat.device)  # copies must land before the engine reads
             last = i == len(buckets) - 1
-            body = {
-                "serialized_named_tensors": [serialize(staged.named_tensors(), fmt)],
-                "load_format": fmt,
-                "flush_cache": self.flush_cache and last,
-                "weight_version": weight_version if last else None,
-            }
+            # The engine owns the payload format (SGLang's): safetensors bytes, or ForkingPickler handles
+            # (shared-memory file names for CPU storages, CUDA IPC handles for GPU ones).
+            body = update_weights_from_tensor_body(
+                staged.named_tensors(),
+                weight_version=weight_version if last else None,
+                fmt=fmt,
+                flush_cache=self.flush_cache and last,
+            )
             try:
                 raise_errors(self.engines.call_all("/update_weights_from_tensor", body))
             except Exception as exc:
