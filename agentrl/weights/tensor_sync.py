@@ -7,8 +7,9 @@ Transports (``transport=``):
   views of it, so the engine maps the segment and copies straight out of it.
 * ``"cuda_ipc"`` (GPU, colocated): the same request with buckets on the GPU; torch's reductions turn
   each bucket's storage into one CUDA IPC handle. Buckets are persistent staging buffers reused across
-  syncs (CUDA only; shared-memory segments are fresh per sync), so the engine opens each handle once (torch caches opened handles by storage) and later syncs
-  are device-to-device copies. Needs the engine on the same GPU(s); cannot run on CPU-only machines.
+  syncs, so the engine opens each handle once (torch caches opened handles by storage) and later syncs
+  are device-to-device copies. Needs the engine on the same GPU(s); not runnable on CPU-only machines
+  (untested here). Shared-memory segments, in contrast, are made fresh for every sync.
 * ``"safetensors"`` (any host): each bucket serialised into the HTTP body (one extra copy).
 
 The version is set with the last bucket only, so engines report the new version only once they hold
@@ -83,8 +84,9 @@ class TensorSync(WeightSync):
         self.bucket_bytes = bucket_bytes
         self.flush_cache = flush_cache
         staging_device = device or ("cuda" if transport == "cuda_ipc" else "cpu")
-        # CPU shared-memory segments are made fresh per sync: torch's file_system sharing unlinks a
-        # segment once a receiver has opened and released it, so a reused one is gone on the next sync.
+        # CPU shared-memory segments are made fresh per sync: with torch's file_system sharing, a reused
+        # segment could no longer be opened by the engine on the next sync (observed: "unable to open
+        # shared memory object ... No such file or directory").
         self.staging = StagingBuffers(staging_device, shared=transport == "shm", persistent=transport == "cuda_ipc")
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
