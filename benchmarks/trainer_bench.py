@@ -2,7 +2,7 @@
 
 CPU (runs anywhere, tiny shape)::
 
-    python3 benchmarks/trainer_bench.py --shape tiny --steps 3
+    python3 benchmarks/trainer_bench.py --shape tiny --steps 5 --threads 1
 
 GPU (one H200; random-init Qwen2 shapes in bf16, 8k tokens per micro-batch, local vs SDPA attention)::
 
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", nargs="+", default=["sdpa", "local"], choices=["sdpa", "local", "te"])
     parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
     parser.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default 989 on cuda (H200)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (on a shared 2-core box, 1 avoids oversubscription: 16x faster)")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -146,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             print("trainer_bench: --device cuda but CUDA is not available", file=sys.stderr)
             return 2
     warnings.filterwarnings("ignore")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     rows = []
     for attention in args.attention:
