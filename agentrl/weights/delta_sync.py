@@ -54,7 +54,7 @@ class DeltaSync(WeightSync):
     ) -> None:
         super().__init__(engine_urls, timeout=timeout)
         self._owns_root = directory is None
-        self.root = Path(directory) if directory is not None else default_weights_root()
+        self.root = Path(directory) if directory is not None else default_weights_root(self)
         self.root.mkdir(parents=True, exist_ok=True)
         self.snapshot = Snapshot(snapshot_budget_bytes, device=snapshot_device)
         self.encoding = encoding

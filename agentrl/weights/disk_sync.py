@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,11 +24,17 @@ if TYPE_CHECKING:
 SHARD_BYTES = 4 << 30
 
 
-def default_weights_root() -> Path:
-    """A fresh directory on tmpfs (``/dev/shm``) when it is writable, else in the system temp dir."""
+def default_weights_root(owner: object) -> Path:
+    """A fresh directory on tmpfs (``/dev/shm``) when it is writable, else in the system temp dir.
+
+    It is removed when ``owner`` is garbage-collected or the interpreter exits, so a sender that is
+    never closed does not leave a model copy in RAM-backed tmpfs.
+    """
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir=base))
+    root = Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir=base))
+    weakref.finalize(owner, shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *, shard_bytes: int = SHARD_BYTES) -> int:
@@ -74,7 +81,7 @@ class DiskSync(WeightSync):
     ) -> None:
         super().__init__(engine_urls, timeout=timeout)
         self._owns_root = directory is None
-        self.root = Path(directory) if directory is not None else default_weights_root()
+        self.root = Path(directory) if directory is not None else default_weights_root(self)
         self.root.mkdir(parents=True, exist_ok=True)
         self.flush_cache = flush_cache
         self.abort_all_requests = abort_all_requests
