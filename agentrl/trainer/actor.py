@@ -284,7 +284,7 @@ class MegatronTrainer:
 
         adjusted = {}
         for mb, o, r in zip(mbs, old, ref, strict=True):
-            new = kl_in_reward(reward_t[[local[i] for i in mb.index]], o, r, mb.loss_mask.to(o.device),
+            new = kl_in_reward(reward_t[[local[i] for i in mb.index]].to(o.device), o, r, mb.loss_mask.to(o.device),
                                self.config.loss.kl_coef, self.config.loss.kl_type)
             adjusted.update({local[i]: float(v) for i, v in zip(mb.index, new, strict=True)})
         if self.dp_size > 1:
