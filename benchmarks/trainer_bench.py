@@ -84,7 +84,7 @@ def run_one(args, attention: str) -> dict:
     tokens_per_mb = args.seq_len * args.seqs_per_microbatch
     trainer = MegatronTrainer(None, TrainerConfig(
         dtype=args.dtype, attention=attention, lr=1e-6, max_tokens_per_microbatch=tokens_per_mb,
-        recompute=args.recompute, use_distributed_optimizer=False,
+        recompute=args.recompute, use_distributed_optimizer=False, tp_size=args.tp_size,
     ), hf_config=cfg)
     batch = synthetic_batch(args.seqs_per_microbatch * n_mb, args.seq_len, cfg.vocab_size)
     if args.device == "cuda":
@@ -100,10 +100,12 @@ def run_one(args, attention: str) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
-    tokens = len(batch) * args.seq_len
-    flops = 4 * forward_flops_per_token(cfg, args.seq_len) * tokens
+    tokens = len(batch) * args.seq_len  # the global batch: every rank receives it, DP ranks split it
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    flops = 4 * forward_flops_per_token(cfg, args.seq_len) * tokens / world  # per GPU, for MFU
     result = dict(
         shape=args.shape, device=args.device, dtype=args.dtype, attention=attention, seq_len=args.seq_len,
+        world_size=world, tp_size=args.tp_size,
         tokens_per_microbatch=tokens_per_mb, microbatches=n_mb, recompute=args.recompute,
         params_m=sum(p.numel() for p in trainer.gpt.parameters()) / 1e6,
         step_s=step_s, tokens_per_s=tokens / step_s, achieved_tflops=flops / step_s / 1e12,
@@ -134,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default 989 on cuda (H200)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (on a shared 2-core box, 1 avoids oversubscription: 16x faster)")
+    parser.add_argument("--tp-size", type=int, default=1,
+                        help="tensor parallel size; run under torchrun (data parallel gets the other ranks)")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_one(args, attention))
         except Exception as exc:  # e.g. OOM for the local spec at long sequences: report, keep going
             rows.append(dict(shape=args.shape, attention=attention, error=f"{type(exc).__name__}: {exc}"[:300]))
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0 if all("error" not in r for r in rows) else 1
     header = f"{'shape':<11} {'attn':<6} {'dtype':<9} {'tok/mb':>7} {'tok/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}"
     print(header)
     for r in rows:
