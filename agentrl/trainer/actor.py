@@ -298,7 +298,7 @@ class MegatronTrainer:
         from megatron.core import parallel_state
 
         keys = sorted(totals)
-        vec = torch.tensor([totals[k] for k in keys] + [token_weight], dtype=torch.float64)
+        vec = torch.tensor([totals[k] for k in keys] + [token_weight], dtype=torch.float64, device=self.device)
         if self.dp_size > 1:
             dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
         weight = max(vec[-1].item(), 1.0)
