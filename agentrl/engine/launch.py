@@ -16,11 +16,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports the OS reports free right now (a race remains until servers bind them)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in socks:  # all bound at once, so the OS hands out n different ports
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free right now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port the OS reports free right now (a tiny race remains until the server binds it)."""
+    return free_ports(1, host)[0]
 
 
 class EngineStartError(RuntimeError):

@@ -318,15 +318,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
+    from agentrl.rollout.serve import model_and_port_problem
     from agentrl.trajectory import make_policy
 
-    if not 0 < args.port < 65536:
-        return f"--port must be in 1..65535, got {args.port}"
-    model = Path(args.model)
-    if not model.is_dir():
-        return f"--model {args.model!r} is not a directory"
-    if not (model / "config.json").is_file():
-        return f"--model {args.model!r} has no config.json (is it a HF model directory?)"
+    problem = model_and_port_problem(args.model, args.port)
+    if problem:
+        return problem
     if not args.router.startswith(("http://", "https://")):
         return f"--router must be an http(s) URL, got {args.router!r}"
     try:

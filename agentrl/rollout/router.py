@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentrl.engine.launch import free_port, free_ports
 
 # smg's RL fan-out requires a label selector; this one matches every registered worker (no worker has
 # that engine name), whatever engine smg detected it as.
@@ -68,23 +69,6 @@ class Worker:
             is_healthy=bool(d.get("is_healthy", False)),
             labels=dict(d.get("labels") or {}),
         )
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports the OS reports free right now (a race remains until servers bind them)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for sock in socks:  # all bound at once, so the OS hands out n different ports
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free right now (a tiny race remains until the server binds it)."""
-    return free_ports(1, host)[0]
 
 
 def _normalise_url(url: str) -> str:

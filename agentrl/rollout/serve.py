@@ -32,17 +32,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def model_and_port_problem(model_dir: str, port: int) -> str | None:
+    """Why ``--model`` / ``--port`` cannot serve, or None (shared by ``serve`` and ``gateway``)."""
+    if not 0 < port < 65536:
+        return f"--port must be in 1..65535, got {port}"
+    model = Path(model_dir)
+    if not model.is_dir():
+        return f"--model {model_dir!r} is not a directory"
+    if not (model / "config.json").is_file():
+        return f"--model {model_dir!r} has no config.json (is it a HF model directory?)"
+    return None
+
+
 def _check_args(args: argparse.Namespace) -> str | None:
     if args.engines < 1:
         return f"--engines must be >= 1, got {args.engines}"
-    if not 0 < args.port < 65536:
-        return f"--port must be in 1..65535, got {args.port}"
-    model = Path(args.model)
-    if not model.is_dir():
-        return f"--model {args.model!r} is not a directory"
-    if not (model / "config.json").is_file():
-        return f"--model {args.model!r} has no config.json (is it a HF model directory?)"
-    return None
+    return model_and_port_problem(args.model, args.port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentrl serve: {problem}", file=sys.stderr)
         return 2
 
-    from agentrl.engine.launch import EngineProcess
+    from agentrl.engine.launch import EngineProcess, EngineStartError
     from agentrl.rollout.router import SmgRouter
 
     stop = threading.Event()
@@ -74,8 +79,12 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     engine.wait_healthy(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
                     break
-                except Exception:
-                    if not engine.alive or time.monotonic() > deadline:
+                except EngineStartError:
+                    if not engine.alive:  # it may have died just after a 1 s poll timed out: say so
+                        code = engine.proc.returncode if engine.proc else None
+                        raise EngineStartError(f"engine exited with code {code} before becoming healthy:\n"
+                                               f"{engine.log_tail()}") from None
+                    if time.monotonic() > deadline:
                         raise
             if stop.is_set():
                 return 130

@@ -120,6 +120,19 @@ def image_exists(image: str = DEFAULT_IMAGE) -> bool:
     return subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
 
 
+def docker_problem(image: str = DEFAULT_IMAGE) -> str | None:
+    """Why Docker sandboxes cannot run here (no engine, image missing), or None when they can."""
+    from agentrl.sandbox.docker_client import docker_client, docker_reachable
+
+    if not docker_reachable():
+        return "no Docker engine reachable (run `bash scripts/docker_setup` or `agentrl sandbox setup`)"
+    try:
+        docker_client().api.inspect_image(image)
+    except Exception:
+        return f"image {image} missing (run `agentrl sandbox setup`)"
+    return None
+
+
 def build_image(image: str = DEFAULT_IMAGE, *, suite: str = DEFAULT_SUITE, mirror: str | None = None,
                 force: bool = False) -> bool:
     """Build the base image offline with debootstrap + ``docker import``; returns True when it built."""

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
+from agentrl.engine.launch import free_port
 from agentrl.trainer.cpu_shims import apply_cpu_shims, seed_model_parallel_rng
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed() -> None:
@@ -29,7 +23,7 @@ def init_distributed() -> None:
         dist.init_process_group(backend=backend)
     else:
         dist.init_process_group(
-            backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0
+            backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0
         )
 
 

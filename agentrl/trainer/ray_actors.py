@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine.launch import free_port
 from agentrl.rollout.buffer import save_samples_jsonl
 from agentrl.rollout.manager import RolloutBatch, RolloutManager, RolloutSettings
 from agentrl.trajectory import MODEL, Sample
@@ -113,8 +114,6 @@ def remote(cls: type, **options: Any) -> Any:
 def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], n_ranks: int,
                         use_gpu: bool = False) -> list[Any]:
     """One :class:`TrainerRank` actor per rank, packed in a placement group (1 CPU or GPU per bundle)."""
-    import socket
-
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -122,9 +121,7 @@ def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], n
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = placement_group([bundle] * n_ranks, strategy="PACK")
     ray.get(group.ready())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     actor_cls = remote(TrainerRank, num_cpus=1, num_gpus=1 if use_gpu else 0)
     return [
         actor_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)).remote(

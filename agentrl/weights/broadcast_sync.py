@@ -16,23 +16,17 @@ timeout (``group_timeout_s``); then the sync fails and the group is torn down.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from agentrl.engine.launch import free_port
 from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets, unique_named_tensors
 from agentrl.weights.engines import collect, raise_errors
 from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
 
 if TYPE_CHECKING:
     import torch
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class BroadcastSync(WeightSync):

@@ -35,16 +35,9 @@ BROKEN = "def add(x, y):\n    return x - y\n"
 
 @functools.cache
 def docker_problem() -> str | None:
-    from agentrl.sandbox.docker_client import docker_client, docker_reachable
-    from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
+    from agentrl.sandbox.engine_setup import docker_problem as problem
 
-    if not docker_reachable():
-        return "no Docker engine reachable (run `bash scripts/docker_setup` or `agentrl sandbox setup`)"
-    try:
-        docker_client().api.inspect_image(DEFAULT_IMAGE)
-    except Exception:
-        return f"image {DEFAULT_IMAGE} missing (run `agentrl sandbox setup`)"
-    return None
+    return problem()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, wait_http_ok
+from rollout_helpers import REPO, wait_http_ok
 from test_gateway import ADD_TOOL, ServerThread, finish, openai, post
 
 from agentrl.rollout.gateway import build_gateway, create_app

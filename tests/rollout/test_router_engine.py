@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import http_json
+from rollout_helpers import http_json
 
 from agentrl.rollout.client import RolloutClient
 from agentrl.rollout.router import SmgRouter

@@ -13,7 +13,7 @@ import socket
 import time
 
 import pytest
-from conftest import http_json
+from rollout_helpers import http_json
 
 from agentrl.rollout.client import GenerateRequestError, RolloutClient
 from agentrl.rollout.router import FanoutError, RouterError, SmgRouter

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, http_json
+from rollout_helpers import REPO, http_json
 
 from agentrl.rollout.client import RolloutClient
 from agentrl.rollout.router import free_port
