@@ -29,6 +29,7 @@ class WarmupSection(_Section):
     max_steps: int = 3000
     eval_every: int = 100
     target_accuracy: float = 0.3
+    max_minutes: float = 4.0
     num_conversations: int = 4000
 
 

@@ -87,7 +87,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
             log.write(record)
 
     config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, eval_every=w.eval_every,
-                          target_accuracy=w.target_accuracy, seed=cfg.seed)
+                          target_accuracy=w.target_accuracy, max_minutes=w.max_minutes, seed=cfg.seed)
     result = supervised_warmup(base, out, conversations, evaluate, config, progress=progress)
     bar.close()
     done.write_text(json.dumps({"steps": result.steps, "accuracy": result.accuracy, "history": result.history}))

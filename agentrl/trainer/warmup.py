@@ -9,6 +9,7 @@ accuracy, checked every ``eval_every`` steps, never on time.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ class WarmupConfig:
     max_steps: int = 3000
     eval_every: int = 100
     target_accuracy: float = 0.3
+    max_minutes: float = 0.0  # > 0: also stop at the first evaluation after this much wall time
     seed: int = 0
 
 
@@ -45,7 +47,8 @@ def supervised_warmup(
     """Fine-tune ``model_dir`` on ``conversations``; save to ``out_dir`` at each evaluation.
 
     ``evaluate(out_dir)`` returns held-out accuracy of the saved model; training stops as soon as it
-    reaches ``config.target_accuracy`` (the saved model is the one that reached it) or at ``max_steps``.
+    reaches ``config.target_accuracy`` (the saved model is the one that reached it), at ``max_steps``, or
+    at the first evaluation after ``max_minutes`` (a budget, so a run always finishes).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,6 +70,7 @@ def supervised_warmup(
     accuracy = 0.0
     step = 0
     pad = tokenizer.pad_token_id
+    deadline = time.monotonic() + cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
     for step in range(1, cfg.max_steps + 1):
         batch = rng.sample(encoded, min(cfg.batch_size, len(encoded)))
         width = max(len(ids) for ids, _ in batch)
@@ -89,6 +93,6 @@ def supervised_warmup(
             history.append(record)
             if progress:
                 progress(record)
-            if accuracy >= cfg.target_accuracy:
+            if accuracy >= cfg.target_accuracy or time.monotonic() > deadline:
                 break
     return WarmupResult(steps=step, accuracy=accuracy, history=history)
