@@ -19,6 +19,9 @@ from agentrl.trajectory import Sample, TrajectoryManager
 
 @dataclass
 class RolloutSettings:
+    # "embedded" (agentrl.engine, CPU or CUDA) or "sglang" (real SGLang servers, CUDA; engine_args are
+    # passed to sglang.launch_server, e.g. ["--tp-size", "2", "--mem-fraction-static", "0.7"])
+    engine: str = "embedded"
     num_engines: int = 2
     dtype: str = "float32"
     temperature: float = 1.0
@@ -57,14 +60,23 @@ class RolloutManager:
     # -- processes -----------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> RolloutManager:
-        from agentrl.engine.launch import EngineProcess
         from agentrl.rollout.router import SmgRouter
 
+        s = self.settings
+        if s.engine == "embedded":
+            from agentrl.engine.launch import EngineProcess
+
+            def make() -> Any:
+                return EngineProcess(self.model_dir, dtype=s.dtype, extra_args=s.engine_args)
+        elif s.engine == "sglang":
+            from agentrl.engine.sglang import SGLangProcess
+
+            def make() -> Any:
+                return SGLangProcess(self.model_dir, dtype=s.dtype, sglang_args=s.engine_args)
+        else:
+            raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
         try:
-            self.engines = [
-                EngineProcess(self.model_dir, dtype=self.settings.dtype, extra_args=self.settings.engine_args)
-                for _ in range(self.settings.num_engines)
-            ]
+            self.engines = [make() for _ in range(s.num_engines)]
             for engine in self.engines:
                 engine.start()
             for engine in self.engines:

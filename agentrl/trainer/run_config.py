@@ -34,6 +34,8 @@ class WarmupSection(_Section):
 
 
 class RolloutSection(_Section):
+    engine: Literal["embedded", "sglang"] = "embedded"
+    engine_args: list[str] = Field(default_factory=list, description="extra engine / sglang.launch_server flags")
     num_engines: int = 2
     prompts_per_step: int = 8
     samples_per_prompt: int = 8
