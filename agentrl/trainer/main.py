@@ -107,6 +107,39 @@ def train(cfg: RunConfig, *, resume: bool = False) -> Path:
     return out
 
 
+def train_from_samples(cfg: RunConfig, samples_path: str | Path) -> Path:
+    """Train-only debugging: GRPO steps on saved Samples (``agentrl rollout --output``), no engines.
+
+    Groups are taken ``rollout.prompts_per_step`` at a time, for at most ``steps`` steps.
+    """
+    import ray
+
+    from agentrl.rollout.buffer import load_samples_jsonl
+    from agentrl.trainer.ray_actors import start_trainer_group
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(out / "metrics.jsonl")
+    groups: dict[str, list] = {}
+    for sample in load_samples_jsonl(samples_path):
+        groups.setdefault(str(sample.group_id), []).append(sample)
+    buffer = DataBuffer(load_function(cfg.group_filter))
+    buffer.add_groups(groups.values())
+    ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False)
+    try:
+        trainers = start_trainer_group(base_model_dir(cfg), cfg.trainer, cfg.trainer_ranks)
+        step = 0
+        while len(buffer) and step < cfg.steps:
+            batch = buffer.take(cfg.rollout.prompts_per_step)
+            metrics = ray.get([t.train.remote(batch) for t in trainers])[0]
+            step += 1
+            log.write({"step": step, "train/groups_dropped": buffer.groups_dropped,
+                       **{f"train/{k}": v for k, v in metrics.items()}})
+    finally:
+        ray.shutdown()
+    return out
+
+
 def mark_latest(checkpoints: Path, name: str, keep: int = 2) -> None:
     """Point ``checkpoints/latest`` at ``name`` atomically (a crash mid-save leaves the old pointer), then
     delete all but the newest ``keep`` checkpoints."""
@@ -126,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Any config field can be overridden as --section.field VALUE (e.g. --rollout.num_engines 1).")
     parser.add_argument("--output-dir", help="where metrics.jsonl, reward_curve.png and checkpoints go")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint OUTPUT_DIR/checkpoints/latest names")
+    parser.add_argument("--train-only", metavar="SAMPLES_JSONL",
+                        help="debug mode: train on saved Samples (from `agentrl rollout`), no engines")
     argv = list(sys.argv[1:] if argv is None else argv)
     # The optional YAML path comes first; everything after the known flags is a config override.
     config = argv.pop(0) if argv and not argv[0].startswith("-") else None
@@ -134,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir:
         rest += ["--output_dir", args.output_dir]
     cfg = load_config(config, rest)
+    if args.train_only:
+        out = train_from_samples(cfg, args.train_only)
+        print(json.dumps({"output_dir": str(out), "steps": sum(1 for _ in (out / "metrics.jsonl").open())}))
+        return 0
     out = train(cfg, resume=args.resume)
     last_eval = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_accuracy" in r]
     print(json.dumps({"output_dir": str(out), "first_eval": last_eval[0]["eval_accuracy"],
