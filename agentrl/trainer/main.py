@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"output_dir": str(out), "steps": sum(1 for _ in (out / "metrics.jsonl").open())}))
         return 0
     out = train(cfg, resume=args.resume)
-    last_eval = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_accuracy" in r]
+    last_eval = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                 if "step" in r and "eval_accuracy" in r]  # warm-up rows carry warmup_step instead
     print(json.dumps({"output_dir": str(out), "first_eval": last_eval[0]["eval_accuracy"],
                       "last_eval": last_eval[-1]["eval_accuracy"]}))
     return 0
