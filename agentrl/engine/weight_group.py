@@ -10,6 +10,10 @@ CUDA (the request may name one; on a CPU engine ``nccl`` is replaced by ``gloo``
 ``/update_weights_from_distributed`` body: ``{"names": [...], "dtypes": ["bfloat16", ...], "shapes":
 [[...], ...], "group_name": ..., "flush_cache": true, "weight_version": ...}``; rank 0 broadcasts the
 tensors in that order, one ``broadcast`` per tensor.
+
+``/update_weights_from_delta_distributed`` (agentrl's delta over the same group): body ``{"group_name",
+"nbytes", "base_version", "weight_version"}``; rank 0 broadcasts one ``uint8`` tensor of ``nbytes``
+holding an :mod:`agentrl.engine.delta` payload, which the engine then verifies and applies.
 """
 
 from __future__ import annotations
@@ -151,3 +155,40 @@ def receive_broadcast(group, spec: BroadcastSpec, device) -> dict[str, torch.Ten
     for t in tensors.values():
         broadcast(t, group, src=0)
     return tensors
+
+
+@dataclass
+class PayloadSpec:
+    """Body of ``/update_weights_from_delta_distributed``: rank 0 broadcasts ``nbytes`` of one payload.
+
+    ``{"group_name": ..., "nbytes": N, "base_version": ..., "weight_version": ...}``; the bytes travel as
+    one ``uint8`` tensor of ``nbytes`` elements (one collective, whatever the payload's content).
+    """
+
+    group_name: str
+    nbytes: int
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> PayloadSpec:
+        nbytes = body.get("nbytes")
+        # bool is an int subclass; True bytes is a caller bug, not a size
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise ValueError(f"give 'nbytes': the payload size in bytes, a positive integer (got {nbytes!r})")
+        return cls(str(body.get("group_name", "weight_update_group")), nbytes)
+
+
+def broadcast_bytes(payload: bytes, group, device) -> None:
+    """Rank 0: send ``payload`` to every member of ``group`` as one ``uint8`` tensor on ``device``."""
+    import torch
+
+    tensor = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    broadcast(tensor, group, src=0)
+
+
+def receive_bytes(group, spec: PayloadSpec, device) -> bytes:
+    """Receive ``spec.nbytes`` bytes broadcast by rank 0 (blocking; run it in a thread)."""
+    import torch
+
+    tensor = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)
+    broadcast(tensor, group, src=0)
+    return tensor.cpu().numpy().tobytes()

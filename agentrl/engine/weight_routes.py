@@ -148,39 +148,66 @@ def add_weight_routes(app: FastAPI, engine: Engine, *, read_json, error) -> None
         await asyncio.to_thread(destroy_group, group)
         return {"success": True, "message": "Succeeded to destroy custom process group."}
 
-    @app.post("/update_weights_from_delta")
-    async def update_weights_from_delta(request: Request):
-        body = await read_json(request)
-        path = body.get("path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest("give 'path' (a delta file readable by the engine)")
-        base = body.get("base_version")
+    def out_of_order(base: Any):
+        """A 409 answer when the delta's base is not the engine's version, else ``None``."""
         if base is not None and str(base) != engine.weight_version:
             return _fail(
                 error,
                 f"out-of-order delta: based on version {base!r}, the engine holds {engine.weight_version!r}",
                 409,
             )
-        try:
-            import agentrl.engine.delta as delta
-        except ModuleNotFoundError as exc:
-            if exc.name != "agentrl.engine.delta":
-                raise
-            return _fail(error, "delta weight updates are not available (agentrl.engine.delta missing)", 501)
-        try:
-            payload = await asyncio.to_thread(_read_bytes, path)
-        except OSError as exc:
-            raise BadRequest(f"cannot read delta file {path!r}: {exc}") from None
+        return None
+
+    async def apply_delta_payload(body: dict[str, Any], payload: bytes):
+        import agentrl.engine.delta as delta
+
         prepare(body)
-        version_error = getattr(delta, "DeltaVersionError", ())
         try:
             version = await asyncio.to_thread(engine.apply_delta, payload, weight_version=body.get("weight_version"))
         except WeightUpdateError as exc:
             return _fail(error, str(exc))
         except ValueError as exc:
-            status = 409 if isinstance(exc, version_error) else 400
+            status = 409 if isinstance(exc, delta.DeltaVersionError) else 400
             return _fail(error, f"delta rejected, old weights kept: {exc}", status)
         return {"success": True, "message": "Succeeded to apply the weight delta.", "weight_version": version}
+
+    @app.post("/update_weights_from_delta")
+    async def update_weights_from_delta(request: Request):
+        body = await read_json(request)
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("give 'path' (a delta file readable by the engine)")
+        rejected = out_of_order(body.get("base_version"))
+        if rejected is not None:
+            return rejected
+        try:
+            payload = await asyncio.to_thread(_read_bytes, path)
+        except OSError as exc:
+            raise BadRequest(f"cannot read delta file {path!r}: {exc}") from None
+        return await apply_delta_payload(body, payload)
+
+    @app.post("/update_weights_from_delta_distributed")
+    async def update_weights_from_delta_distributed(request: Request):
+        from agentrl.engine.weight_group import PayloadSpec, receive_bytes
+
+        body = await read_json(request)
+        try:
+            spec = PayloadSpec.parse(body)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        group = engine.weight_groups.get(spec.group_name)
+        if group is None:
+            raise BadRequest(f"no weights update group {spec.group_name!r}; call /init_weights_update_group first")
+        # Receive before judging the payload: rank 0 is already broadcasting, and an engine that left
+        # the collective would stall it (and every other engine) until the group timeout.
+        try:
+            payload = await asyncio.to_thread(receive_bytes, group, spec, engine.runner.device)
+        except RuntimeError as exc:
+            return _fail(error, f"Broadcast failed: {exc}", 500)
+        rejected = out_of_order(body.get("base_version"))
+        if rejected is not None:
+            return rejected
+        return await apply_delta_payload(body, payload)
 
     @app.post("/release_memory_occupation")
     async def release_memory_occupation(request: Request):

@@ -56,6 +56,17 @@ class BroadcastSync(WeightSync):
         self.group_timeout = timedelta(seconds=group_timeout_s)
         self.flush_cache = flush_cache
         self.group: Any = None
+        self.group_backend: str | None = None
+
+    def backend_for(self, tensors: list[tuple[str, torch.Tensor]]) -> str:
+        """The configured backend, else ``nccl`` for CUDA tensors and ``gloo`` otherwise."""
+        return self.backend or ("nccl" if tensors and tensors[0][1].is_cuda else "gloo")
+
+    def ensure_group(self, backend: str) -> Any:
+        """The open process group with every engine (opened on first use); rank 0 is this process."""
+        if self.group is None:
+            self._open_group(backend)
+        return self.group
 
     def _open_group(self, backend: str) -> None:
         from agentrl.engine.weight_group import init_custom_process_group
@@ -88,16 +99,20 @@ class BroadcastSync(WeightSync):
             )
         finally:
             results = collect(self.engine_urls, futures)
+        self.group_backend = backend
         raise_errors(results)
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        return self.push(tensors, weight_version)
+
+    def push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        """Broadcast every tensor to every engine as ``weight_version`` (also a delta sync's full sync)."""
         from agentrl.engine.weight_group import broadcast
 
         unique = unique_named_tensors(tensors)
-        backend = self.backend or ("nccl" if unique and unique[0][1].is_cuda else "gloo")
+        backend = self.backend_for(unique)
         try:
-            if self.group is None:
-                self._open_group(backend)
+            self.ensure_group(backend)
             buckets = plan_buckets(unique, bucket_bytes=self.bucket_bytes)
             sent = 0
             for i, bucket in enumerate(buckets):
@@ -116,7 +131,7 @@ class BroadcastSync(WeightSync):
                     sent += t.numel() * t.element_size()
                 raise_errors(collect(self.engine_urls, futures))
         except Exception as exc:
-            self._close_group()
+            self.close_group()
             raise WeightSyncError(f"broadcast sync of {weight_version!r} failed: {exc}") from exc
         return SyncReport(
             self.mode,
@@ -127,7 +142,8 @@ class BroadcastSync(WeightSync):
             details={"backend": backend, "buckets": len(buckets), "world_size": 1 + len(self.engine_urls)},
         )
 
-    def _close_group(self) -> None:
+    def close_group(self) -> None:
+        """Tear the group down on both sides (the next sync opens a new one); errors are ignored."""
         if self.group is None:
             return
         from agentrl.engine.weight_group import destroy_group
@@ -135,9 +151,10 @@ class BroadcastSync(WeightSync):
         self.engines.call_all("/destroy_weights_update_group", {"group_name": self.group_name})
         destroy_group(self.group)
         self.group = None
+        self.group_backend = None
 
     def close(self) -> None:
         try:
-            self._close_group()
+            self.close_group()
         finally:
             super().close()

@@ -18,6 +18,7 @@ MODES = {
     "tensor-safetensors": {"transport": "safetensors", "bucket_bytes": 1 << 20},
     "broadcast": {"bucket_bytes": 1 << 20},
     "delta": {},
+    "delta-broadcast": {"transport": "broadcast"},  # the delta payload over the process group
 }
 CHECK_AFTER = {1, 2, 10}
 SYNCS = {"tensor-safetensors": 2}  # a transport variant: the 10-sync run is for the four modes
@@ -39,6 +40,7 @@ def test_engines_hold_the_trainers_bits_after_1_2_and_10_syncs(case, engine_urls
                 assert_engines_equal(engine_urls, trainer, version)
         if mode == "delta":
             assert report.fallback is None and report.details["encodings"]
+            assert report.details["transport"] == MODES[case].get("transport", "disk")
 
     # Tokens sampled now carry the new version, and their log-probs are the trainer's.
     for url in engine_urls:
