@@ -1,7 +1,8 @@
 """``agentrl check-weight-sync``: take K optimizer steps, sync each into a real engine, compare bits.
 
 Loads ``--model`` into a trainer and into an embedded engine process, then K times: one optimizer step,
-one sync in ``--mode`` (``disk``, ``tensor``, ``broadcast``, ``delta``) as version ``step-k``. Finally
+one sync in ``--mode`` (``disk``, ``tensor``, ``broadcast``, ``delta``; ``--transport`` picks how
+``tensor`` and ``delta`` move their bytes, e.g. ``--mode delta --transport broadcast``) as version ``step-k``. Finally
 it compares the engine's ``/weights_checksum`` with the same checksum of the trainer's exported HF
 tensors and prints one JSON line: ``bitwise_equal``, ``bytes_sent`` / ``full_bytes`` / ``seconds``
 (summed over the K syncs), ``weight_version`` (the engine's), plus per-sync details. Exit code 0 only
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     import torch
 
 MODES = ("disk", "tensor", "broadcast", "delta")
+# ``--transport`` per mode (the sender's ``transport=`` option); modes not listed have a single transport
+TRANSPORTS = {"tensor": ("shm", "cuda_ipc", "safetensors"), "delta": ("disk", "broadcast")}
 
 
 class SyncableTrainer(Protocol):
@@ -137,7 +140,8 @@ def run(args: argparse.Namespace) -> dict:
             engine.wait_healthy(timeout=args.engine_timeout)
             url = engine.url
         reports = []
-        with make_sync(args.mode, [url]) as sync:
+        options = {"transport": args.transport} if args.transport else {}
+        with make_sync(args.mode, [url], **options) as sync:
             for k in range(1, args.steps + 1):
                 trainer.step()
                 reports.append(sync.sync(trainer.export_hf_named_tensors(), f"step-{k}"))
@@ -151,6 +155,7 @@ def run(args: argparse.Namespace) -> dict:
             "seconds": round(sum(r.seconds for r in reports), 6),
             "weight_version": remote["weight_version"],
             "mode": args.mode,
+            "transport": args.transport,
             "steps": args.steps,
             "trainer": trainer.name,
             "differing_tensors": differing[:8],
@@ -170,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="local HF model directory (e.g. from agentrl make-tiny-model)")
     p.add_argument("--mode", required=True, choices=MODES)
+    p.add_argument("--transport", default=None,
+                   help="how the mode moves bytes: tensor: shm|cuda_ipc|safetensors; delta: disk|broadcast "
+                        "(default: the mode's default)")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps, each followed by one sync (>= 1)")
     p.add_argument("--trainer", default="megatron", choices=sorted(TRAINERS))
     p.add_argument("--lr", type=float, default=1e-4)
@@ -183,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         print("agentrl check-weight-sync: --steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.transport is not None and args.transport not in TRANSPORTS.get(args.mode, ()):
+        allowed = TRANSPORTS.get(args.mode)
+        hint = f"choose from {list(allowed)}" if allowed else f"mode {args.mode!r} has no --transport choice"
+        print(f"agentrl check-weight-sync: --transport {args.transport!r} does not fit --mode {args.mode}; {hint}",
+              file=sys.stderr)
         return 2
     if not (Path(args.model) / "config.json").is_file():
         print(f"agentrl check-weight-sync: {args.model!r} is not an HF model directory (no config.json)", file=sys.stderr)

@@ -220,6 +220,31 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
         })
         assert r.status_code == 400 and "shape mismatch" in r.json()["message"]
         assert client.get("/weights_checksum").json()["weight_version"] == "D1"
+        # a delta payload over the same group: D1 (= B) -> A, bitwise, as one uint8 broadcast
+        from agentrl.engine.weight_group import broadcast_bytes
+        from agentrl.weights.delta import encode_delta
+
+        payload, _ = encode_delta([(n, params_b[n], params_a[n]) for n in names], base_version="D1", new_version="DA")
+
+        def send_delta(key: str, data: bytes, base: str) -> httpx.Response:
+            thread = call(key, "/update_weights_from_delta_distributed", {
+                "group_name": "test_group", "nbytes": len(data), "base_version": base, "weight_version": "DA",
+            })
+            broadcast_bytes(data, group, torch.device("cpu"))
+            thread.join()
+            return replies[key]
+
+        r = send_delta("delta", payload, "D1")
+        assert r.status_code == 200, r.text
+        after = client.get("/weights_checksum").json()
+        assert after["total"] == weights_checksum(params_a.items())["total"] and after["weight_version"] == "DA"
+        # replayed (out of order) and flipped-byte payloads: received in full, then refused; weights stay
+        assert send_delta("replay", payload, "D1").status_code == 409
+        broken = bytearray(payload)
+        broken[len(broken) // 2] ^= 0xFF
+        r = send_delta("broken", bytes(broken), "DA")
+        assert r.status_code == 400 and "old weights kept" in r.json()["message"]
+        assert client.get("/weights_checksum").json() == after
         assert client.post("/destroy_weights_update_group", json={"group_name": "test_group"}).status_code == 200
         destroy_group(group)
         # SGLang's default tensor format across processes: CPU tensors travel through shared memory

@@ -28,6 +28,24 @@ def test_check_passes_on_a_running_engine(mode, tiny_model_dir, engine_urls, cap
     assert result["trainer"] == "hf-adamw-standin"
 
 
+def test_check_delta_over_the_broadcast_group(tiny_model_dir, engine_urls, capsys) -> None:
+    code = main([
+        "--model", str(tiny_model_dir), "--mode", "delta", "--transport", "broadcast", "--steps", "3",
+        "--engine-url", engine_urls[0], "--trainer", "hf-adamw-standin",
+    ])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["bitwise_equal"] is True and result["weight_version"] == "step-3"
+    assert result["transport"] == "broadcast"
+    # the first sync is a full broadcast, the other two are deltas over the group
+    assert result["syncs"][0]["fallback"] and not any(s["fallback"] for s in result["syncs"][1:])
+
+
+@pytest.mark.parametrize(("mode", "transport"), [("delta", "shm"), ("disk", "broadcast"), ("tensor", "pigeon")])
+def test_check_rejects_a_transport_that_does_not_fit_the_mode(mode, transport, tiny_model_dir, capsys) -> None:
+    assert main(["--model", str(tiny_model_dir), "--mode", mode, "--transport", transport]) == 2
+    assert "--transport" in capsys.readouterr().err
+
+
 def test_check_with_the_megatron_trainer_and_its_own_engine(tiny_model_dir, capsys) -> None:
     pytest.importorskip("megatron.core")
     code = main(["--model", str(tiny_model_dir), "--mode", "delta", "--steps", "3"])
