@@ -46,8 +46,9 @@ class BroadcastSync(WeightSync):
         group_timeout_s: float = 600.0,
         flush_cache: bool = True,
         timeout: float = 600.0,
+        router_url: str | None = None,
     ) -> None:
-        super().__init__(engine_urls, timeout=timeout)
+        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.master_address = master_address
@@ -125,11 +126,11 @@ class BroadcastSync(WeightSync):
                     "flush_cache": self.flush_cache and last,
                     "weight_version": weight_version if last else None,
                 }
-                futures = [self.engines.submit(url, "/update_weights_from_distributed", body) for url in self.engine_urls]
+                answers = self.engines.submit_all("/update_weights_from_distributed", body)
                 for _, t in bucket:
                     broadcast(t.detach().contiguous(), self.group, src=0)
                     sent += t.numel() * t.element_size()
-                raise_errors(collect(self.engine_urls, futures))
+                raise_errors(answers())
         except Exception as exc:
             self.close_group()
             raise WeightSyncError(f"broadcast sync of {weight_version!r} failed: {exc}") from exc

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, unique_named_tensors
 from agentrl.weights.delta import Snapshot, encode_delta
-from agentrl.weights.engines import CallResult, collect
+from agentrl.weights.engines import CallResult
 from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
 
 if TYPE_CHECKING:
@@ -74,12 +74,13 @@ class DeltaSync(WeightSync):
         master_address: str = "127.0.0.1",
         group_timeout_s: float = 600.0,
         timeout: float = 600.0,
+        router_url: str | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown delta transport {transport!r}; choose from {TRANSPORTS}")
         if transport == "broadcast" and directory is not None:
             raise ValueError("'directory' is for the disk transport; the broadcast transport writes no files")
-        super().__init__(engine_urls, timeout=timeout)
+        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
         self.transport = transport
         self.snapshot = Snapshot(snapshot_budget_bytes, device=snapshot_device)
         self.encoding = encoding
@@ -95,7 +96,9 @@ class DeltaSync(WeightSync):
             self._owns_root = directory is None
             self.root = Path(directory) if directory is not None else default_weights_root(self)
             self.root.mkdir(parents=True, exist_ok=True)
-            self.full_sync = DiskSync(engine_urls, directory=self.root / "full", flush_cache=flush_cache, timeout=timeout)
+            self.full_sync = DiskSync(
+                engine_urls, directory=self.root / "full", flush_cache=flush_cache, timeout=timeout, router_url=router_url
+            )
         else:
             from agentrl.weights.broadcast_sync import BroadcastSync
 
@@ -109,6 +112,7 @@ class DeltaSync(WeightSync):
                 group_timeout_s=group_timeout_s,
                 flush_cache=flush_cache,
                 timeout=timeout,
+                router_url=router_url,
             )
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
@@ -195,14 +199,14 @@ class DeltaSync(WeightSync):
         group = group_sync.ensure_group(self._backend)
         device = _device_for(group_sync.group_backend)
         body = {**body, "group_name": group_sync.group_name, "nbytes": len(payload)}
-        futures = [self.engines.submit(url, "/update_weights_from_delta_distributed", body) for url in self.engine_urls]
+        answers = self.engines.submit_all("/update_weights_from_delta_distributed", body)
         try:
             # Every engine joins the broadcast before judging the payload (rank 0 would stall otherwise).
             broadcast_bytes(payload, group, device)
         except Exception as exc:
             group_sync.close_group()
             raise WeightSyncError(f"broadcasting the delta failed: {exc}") from exc
-        results = collect(self.engine_urls, futures)
+        results = answers()
         if any(r.error is not None and not r.error.rejected for r in results):
             group_sync.close_group()  # an engine failed inside the collective: the group is not trusted
         return results

@@ -78,8 +78,9 @@ class DiskSync(WeightSync):
         abort_all_requests: bool = False,
         keep_old_versions: bool = False,
         timeout: float = 600.0,
+        router_url: str | None = None,
     ) -> None:
-        super().__init__(engine_urls, timeout=timeout)
+        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
         self._owns_root = directory is None
         self.root = Path(directory) if directory is not None else default_weights_root(self)
         self.root.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,14 @@
 Calls go to each engine concurrently (a thread per engine): a collective such as
 ``/init_weights_update_group`` only returns once every member has joined, and a slow engine should not
 serialise the others.
+
+With ``router_url`` (an smg router started with ``--enable-rl``), a call that sends the same body to
+every engine goes as ONE request to the router's RL fan-out ``POST /v1/rl/engine/<path>?selector=...``,
+which forwards it to all its workers and answers each worker's status and body (smg 1.13, checked
+against the real binary: any POST path is forwarded, 4xx answers come back per worker). Calls with
+per-engine bodies (``/init_weights_update_group`` ranks), calls to a subset of engines (fallbacks) and
+``GET`` reads (``/server_info``) still go to the engines directly, so ``urls`` must still list them. An
+engine the router does not report counts as unreachable (it never saw the update).
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+# smg's fan-out needs a label selector; this one matches every worker (the router module's choice too)
+FANOUT_SELECTOR = "engine!=agentrl-none"
 
 
 class EngineCallError(RuntimeError):
@@ -41,10 +52,11 @@ class CallResult:
 class EngineClient:
     """Blocking JSON calls to a fixed set of engine base URLs."""
 
-    def __init__(self, urls: Sequence[str], *, timeout: float = 600.0) -> None:
+    def __init__(self, urls: Sequence[str], *, timeout: float = 600.0, router_url: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
+        self.router_url = router_url.rstrip("/") if router_url else None
         self._http = httpx.Client(timeout=timeout)
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="weight-sync")
 
@@ -80,10 +92,60 @@ class EngineClient:
     ) -> list[CallResult]:
         """Call ``path`` on every engine at once; ``body`` may depend on ``(index, url)``. Never raises."""
         targets = list(urls if urls is not None else self.urls)
+        if self._fans_out(targets, body):
+            return self.fanout(path, body)  # type: ignore[arg-type]
         futures = [
             self.submit(url, path, body(i, url) if callable(body) else body) for i, url in enumerate(targets)
         ]
         return collect(targets, futures)
+
+    def submit_all(self, path: str, body: dict[str, Any]) -> Callable[[], list[CallResult]]:
+        """Start the same call on every engine (through the router when there is one) without waiting;
+        the returned function waits and gives each engine's result (for calls that join a collective)."""
+        if self._fans_out(self.urls, body):
+            future = self._pool.submit(self.fanout, path, body)
+            return future.result
+        futures = [self.submit(url, path, body) for url in self.urls]
+        return lambda: collect(self.urls, futures)
+
+    def _fans_out(self, targets: Sequence[str], body: Any) -> bool:
+        return (
+            self.router_url is not None
+            and body is not None
+            and not callable(body)
+            and sorted(u.rstrip("/") for u in targets) == sorted(self.urls)
+        )
+
+    def fanout(self, path: str, body: dict[str, Any]) -> list[CallResult]:
+        """POST ``body`` to ``path`` on every engine through the router's RL fan-out; one result per engine."""
+        assert self.router_url is not None
+        route = f"{self.router_url}/v1/rl/engine/{path.lstrip('/')}"
+        try:
+            response = self._http.post(route, json=body, params={"selector": FANOUT_SELECTOR})
+            answer = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            error = EngineCallError(self.router_url, path, None, f"router fan-out failed: {type(exc).__name__}: {exc}")
+            return [CallResult(url, error=error) for url in self.urls]
+        if not isinstance(answer, dict) or "results" not in answer:
+            error = EngineCallError(self.router_url, path, None, f"router fan-out: HTTP {response.status_code}: {_message(answer)}")
+            return [CallResult(url, error=error) for url in self.urls]
+        by_url = {str(r.get("url", "")).rstrip("/"): r for r in answer["results"].values() if isinstance(r, dict)}
+        for failure in answer.get("failed", []):  # unreachable workers may appear only here
+            by_url.setdefault(str(failure.get("url", "")).rstrip("/"), {"status": failure.get("status"), "body": failure.get("message")})
+        results = []
+        for url in self.urls:
+            reply = by_url.get(url)
+            if reply is None:
+                message = f"the router at {self.router_url} has no such worker, so it did not get this call"
+                results.append(CallResult(url, error=EngineCallError(url, path, None, message)))
+                continue
+            status, value = reply.get("status"), reply.get("body")
+            status = int(status) if isinstance(status, int) else None
+            if status is None or status >= 400 or (isinstance(value, dict) and value.get("success") is False):
+                results.append(CallResult(url, error=EngineCallError(url, path, status, _message(value))))
+            else:
+                results.append(CallResult(url, value=value))
+        return results
 
     def weight_versions(self, urls: Sequence[str] | None = None) -> dict[str, str]:
         """Each engine's current ``weight_version`` from ``/server_info``."""

@@ -57,12 +57,16 @@ class WeightSyncError(RuntimeError):
 
 
 class WeightSync(ABC):
-    """Base of every mode: owns the engine client; subclasses implement :meth:`_push`."""
+    """Base of every mode: owns the engine client; subclasses implement :meth:`_push`.
+
+    ``router_url``: an smg router (``--enable-rl``) in front of the engines; update calls that are the
+    same for every engine then go through its RL fan-out (:mod:`agentrl.weights.engines`).
+    """
 
     mode: str = ""
 
-    def __init__(self, engine_urls: Sequence[str], *, timeout: float = 600.0) -> None:
-        self.engines = EngineClient(engine_urls, timeout=timeout)
+    def __init__(self, engine_urls: Sequence[str], *, timeout: float = 600.0, router_url: str | None = None) -> None:
+        self.engines = EngineClient(engine_urls, timeout=timeout, router_url=router_url)
 
     @property
     def engine_urls(self) -> list[str]:

@@ -76,10 +76,11 @@ class TensorSync(WeightSync):
         device: str | None = None,
         flush_cache: bool = True,
         timeout: float = 600.0,
+        router_url: str | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown tensor transport {transport!r}; choose from {TRANSPORTS}")
-        super().__init__(engine_urls, timeout=timeout)
+        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
         self.transport = transport
         self.bucket_bytes = bucket_bytes
         self.flush_cache = flush_cache
