@@ -1,8 +1,14 @@
 """Save / resume a trainer with ``megatron.core.dist_checkpointing`` (resharding-capable, one dir per step).
 
 Contents: model and optimizer (sharded), per-rank RNG states (a ``ShardedObject`` per rank), and common
-state written once by rank 0: the LR scheduler, the step counter and the caller's ``extra_state``
-(data-buffer cursor, weight version, ...).
+state written once by rank 0: the LR scheduler, the step counter, the caller's ``extra_state``
+(data-buffer cursor, weight version, ...) and ``optimizer_state`` (whether the optimizer section is in).
+
+An optimizer that has not stepped yet (Adam before its first update) has no per-parameter state, while
+Megatron's loading template always allocates one, so the two sharded state dicts would disagree. Such an
+optimizer holds nothing that the model, the config and the LR schedule do not determine, so it is not
+saved at all (``optimizer_state: "not_stepped"``); loading resets the optimizer to that fresh state and
+re-copies its main (fp32) parameters from the loaded model.
 """
 
 from __future__ import annotations
@@ -15,6 +21,17 @@ import torch
 import torch.distributed as dist
 
 from agentrl.trainer.cpu_shims import cuda_to_cpu
+
+OPTIMIZER_SAVED = "saved"
+OPTIMIZER_NOT_STEPPED = "not_stepped"
+# Megatron's DistributedOptimizer default ("fully_sharded_model_space") writes flattened tensor ranges,
+# which its torch_dist save strategy rejects; "fully_reshardable" stores model-shaped tensors (any TP/DP).
+_DISTOPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+_COMMON_KEYS = ("scheduler", "step", "extra_state")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that exists but cannot be restored (incomplete, corrupt or mismatched)."""
 
 
 def _rng_state() -> dict[str, Any]:
@@ -57,13 +74,69 @@ def _rng_sharded(state: dict[str, Any] | None):
     return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(model, optimizer, *, is_loading: bool) -> dict[str, Any]:
-    model_sd = model.sharded_state_dict()
-    return {
-        "model": model_sd,
-        "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
-        "rng": _rng_sharded(None if is_loading else _rng_state()),
-    }
+# ---------------------------------------------------------------------------------------------- optimizer
+
+
+def _parts(optimizer) -> list:
+    """The Megatron optimizers inside a ``ChainedOptimizer`` (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _is_distributed(part) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return isinstance(part, DistributedOptimizer)
+
+
+def _optimizer_has_stepped(optimizer) -> bool:
+    """False while a stateful optimizer (Adam) has no per-parameter state yet, on every rank.
+
+    Optimizers without per-parameter state (SGD without momentum, ``init_state_fn is None``) always count
+    as stepped: their (empty) state is saved and loaded as is.
+    """
+    local = any(p.init_state_fn is None or len(p.optimizer.state) > 0 for p in _parts(optimizer))
+    # A data-parallel shard can differ from its peers; the saved section must be all or nothing.
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, local)
+    return any(flags)
+
+
+def _optimizer_sharded_state(optimizer, model_sd: dict[str, Any], *, is_loading: bool) -> dict[str, Any]:
+    parts = _parts(optimizer)
+    if is_loading:
+        for part in parts:
+            if _is_distributed(part) and len(part.optimizer.state) == 0:
+                # Its sharded_state_dict reads the inner state (and its step) first. Megatron's dummy state
+                # comes from a zero-gradient step, which changes only what the load overwrites: moments and
+                # main params (for fp32, views of the model's parameters).
+                part._init_optimizer_states_with_dummy_values()
+    # ``is_loading`` only makes Megatron allocate state through init_state_fn: nothing to allocate for SGD.
+    is_loading = is_loading and all(p.init_state_fn is not None for p in parts)
+    kwargs = {"metadata": dict(_DISTOPT_METADATA)} if any(_is_distributed(p) for p in parts) else {}
+    return optimizer.sharded_state_dict(model_sd, is_loading=is_loading, **kwargs)
+
+
+def _unshare_steps(optimizer) -> None:
+    """Give every parameter its own Adam ``step`` tensor.
+
+    megatron-core 0.16.1's ``DistributedOptimizer.load_state_dict`` (torch Adam, no Apex/TE) puts one
+    ``step`` tensor into every parameter's state; torch's multi-tensor Adam then increments that shared
+    tensor once per parameter, so the resumed run's bias correction used step 1 + #params.
+    """
+    for part in _parts(optimizer):
+        for state in part.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+
+def _reset_optimizer(optimizer) -> None:
+    """Make ``optimizer`` what a fresh one over the (just loaded) model is: no state, main params = model."""
+    for part in _parts(optimizer):
+        part.optimizer.state.clear()
+    optimizer.reload_model_params()
+
+
+# ---------------------------------------------------------------------------------------------- save / load
 
 
 def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step: int,
@@ -77,8 +150,13 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
         if any(path.iterdir()):
             raise FileExistsError(f"checkpoint directory {path} is not empty")
     dist.barrier()
+    stepped = _optimizer_has_stepped(optimizer)
     with cuda_to_cpu():
-        state = _sharded_state(model, optimizer, is_loading=False)
+        model_sd = model.sharded_state_dict()
+        state: dict[str, Any] = {"model": model_sd, "rng": _rng_sharded(_rng_state())}
+        if stepped:
+            state["optimizer"] = _optimizer_sharded_state(optimizer, model_sd, is_loading=False)
+        state["optimizer_state"] = OPTIMIZER_SAVED if stepped else OPTIMIZER_NOT_STEPPED
         state["scheduler"] = scheduler.state_dict()
         state["step"] = step
         state["extra_state"] = dict(extra_state or {})
@@ -87,19 +165,99 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
     return path
 
 
-def load_checkpoint(directory: str | Path, model, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
-    """Restore everything :func:`save_checkpoint` wrote; returns ``(step, extra_state)``."""
+def _load_common(path: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
 
-    path = Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
-        raise FileNotFoundError(f"{path} is not a dist_checkpointing checkpoint")
-    with cuda_to_cpu():
-        template = _sharded_state(model, optimizer, is_loading=True)
+        raise FileNotFoundError(f"{path} is not a dist_checkpointing checkpoint (no metadata.json)")
+    try:
         common = dist_checkpointing.load_common_state_dict(str(path))
-        loaded = dist_checkpointing.load(template, str(path))
-        model.load_state_dict(loaded["model"])
-        optimizer.load_state_dict(loaded["optimizer"])
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read its common state ({e})") from e
+    missing = [k for k in _COMMON_KEYS if k not in common]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}: not written by agentrl's save_checkpoint")
+    # Checkpoints written before the marker existed always held the optimizer section.
+    kind = common.get("optimizer_state", OPTIMIZER_SAVED)
+    if kind not in (OPTIMIZER_SAVED, OPTIMIZER_NOT_STEPPED):
+        raise CheckpointError(f"checkpoint {path}: unknown optimizer_state {kind!r}")
+    if kind == OPTIMIZER_SAVED and "optimizer" not in common:
+        raise CheckpointError(f"checkpoint {path} says its optimizer state was saved, but it has none")
+    return common
+
+
+def _check_shard_files(path: Path) -> None:
+    """Every byte range the checkpoint's index points at must exist (a save that died leaves them short).
+
+    Checked before loading because the load writes into the live parameters as it reads.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        index = FileSystemReader(str(path)).read_metadata().storage_data or {}
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read its shard index (.metadata): {e}") from e
+    need: dict[str, int] = {}
+    for info in index.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        file = path / name
+        have = file.stat().st_size if file.is_file() else None
+        if have is None or have < size:
+            state = "is missing" if have is None else f"has {have} of {size} bytes"
+            raise CheckpointError(f"checkpoint {path} is incomplete: shard file {name} {state}")
+
+
+def _check_optimizer_tensors(path: Path, optimizer) -> None:
+    """A clear error instead of a deep KeyError when a stateful optimizer's tensors are not in ``path``."""
+    from megatron.core import dist_checkpointing
+
+    stateful = any(p.init_state_fn is not None for p in _parts(optimizer))
+    if stateful and not any(k.startswith("optimizer.") for k in dist_checkpointing.load_tensors_metadata(str(path))):
+        raise CheckpointError(
+            f"checkpoint {path} has no optimizer tensors, but this optimizer needs them (a checkpoint saved "
+            "before the first optimizer step by an older agentrl, or a truncated one): it cannot be resumed")
+
+
+def load_checkpoint(directory: str | Path, model, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
+    """Restore everything :func:`save_checkpoint` wrote; returns ``(step, extra_state)``.
+
+    Raises ``FileNotFoundError`` for a missing directory or one that is no checkpoint, and
+    :class:`CheckpointError` for a checkpoint that is incomplete, corrupt or does not fit this trainer.
+    """
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path = Path(directory)
+    common = _load_common(path)
+    stepped = common.get("optimizer_state", OPTIMIZER_SAVED) == OPTIMIZER_SAVED
+    # Everything that can be checked is checked before the trainer is touched.
+    _check_shard_files(path)
+    if stepped:
+        _check_optimizer_tensors(path, optimizer)
+    with cuda_to_cpu():
+        model_sd = model.sharded_state_dict()
+        template: dict[str, Any] = {"model": model_sd, "rng": _rng_sharded(None)}
+        if stepped:
+            template["optimizer"] = _optimizer_sharded_state(optimizer, model_sd, is_loading=True)
+        try:
+            loaded = dist_checkpointing.load(template, str(path))
+        except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
+            raise CheckpointError(f"checkpoint {path} is corrupt or not for this model; the trainer may be "
+                                  f"partly overwritten, build a new one: {e}") from e
+        # no_grad: fp32 DistributedOptimizer main params are views of the model's leaf parameters.
+        with torch.no_grad():
+            model.load_state_dict(loaded["model"])
+            if stepped:
+                optimizer.load_state_dict(loaded["optimizer"])
+                _unshare_steps(optimizer)
+            else:
+                _reset_optimizer(optimizer)
+    # OptimizerParamScheduler.load_state_dict adds the saved step count to its own: start from zero, so a
+    # trainer that already stepped gets the saved count (and LR), not the sum.
+    scheduler.num_steps = 0
     scheduler.load_state_dict(common["scheduler"])
     _set_rng_state(loaded["rng"])
     return int(common["step"]), dict(common["extra_state"])
