@@ -2,7 +2,10 @@
 
 Contents: model and optimizer (sharded), per-rank RNG states (a ``ShardedObject`` per rank), and common
 state written once by rank 0: the LR scheduler, the step counter, the caller's ``extra_state``
-(data-buffer cursor, weight version, ...) and ``optimizer_state`` (whether the optimizer section is in).
+(data-buffer cursor, weight version, ...), ``optimizer_state`` (whether the optimizer section is in) and
+``world_size``. Model and optimizer load at another data-parallel size (tested: 2 -> 1; Megatron's
+"dp_reshardable" format of the distributed optimizer reshards along data-parallel only); RNG states
+are restored only at the world size that saved them.
 
 An optimizer that has not stepped yet (Adam before its first update) has no per-parameter state, while
 Megatron's loading template always allocates one, so the two sharded state dicts would disagree. Such an
@@ -14,6 +17,7 @@ re-copies its main (fp32) parameters from the loaded model.
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +164,7 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
         state["scheduler"] = scheduler.state_dict()
         state["step"] = step
         state["extra_state"] = dict(extra_state or {})
+        state["world_size"] = dist.get_world_size()  # RNG states are per rank
         dist_checkpointing.save(state, str(path))
     dist.barrier()
     return path
@@ -233,13 +238,20 @@ def load_checkpoint(directory: str | Path, model, optimizer, scheduler) -> tuple
     path = Path(directory)
     common = _load_common(path)
     stepped = common.get("optimizer_state", OPTIMIZER_SAVED) == OPTIMIZER_SAVED
+    # Per-rank RNG streams have no meaning at another world size (model and optimizer do reshard).
+    same_world = common.get("world_size", dist.get_world_size()) == dist.get_world_size()
+    if not same_world:
+        warnings.warn(f"checkpoint {path} was saved by {common['world_size']} ranks, this run has "
+                      f"{dist.get_world_size()}: keeping this run's RNG states", stacklevel=2)
     # Everything that can be checked is checked before the trainer is touched.
     _check_shard_files(path)
     if stepped:
         _check_optimizer_tensors(path, optimizer)
     with cuda_to_cpu():
         model_sd = model.sharded_state_dict()
-        template: dict[str, Any] = {"model": model_sd, "rng": _rng_sharded(None)}
+        template: dict[str, Any] = {"model": model_sd}
+        if same_world:
+            template["rng"] = _rng_sharded(None)
         if stepped:
             template["optimizer"] = _optimizer_sharded_state(optimizer, model_sd, is_loading=True)
         try:
@@ -259,5 +271,6 @@ def load_checkpoint(directory: str | Path, model, optimizer, scheduler) -> tuple
     # trainer that already stepped gets the saved count (and LR), not the sum.
     scheduler.num_steps = 0
     scheduler.load_state_dict(common["scheduler"])
-    _set_rng_state(loaded["rng"])
+    if same_world:
+        _set_rng_state(loaded["rng"])
     return int(common["step"]), dict(common["extra_state"])
