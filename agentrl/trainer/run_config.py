@@ -27,7 +27,8 @@ class WarmupSection(_Section):
     lr: float = 3e-3
     batch_size: int = 32
     max_steps: int = 3000
-    eval_every: int = 100
+    check_every: int = Field(10, description="steps between teacher-forced held-out checks")
+    eval_every: int = Field(100, description="steps between real evaluations while the check is below target")
     target_accuracy: float = 0.3
     max_minutes: float = 4.0
     num_conversations: int = 4000

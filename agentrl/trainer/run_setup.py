@@ -26,7 +26,7 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
-                 if k in ("step", "warmup_step", "eval_accuracy", "rollout/reward_mean", "train/kl", "sync/seconds")}
+                 if k in ("step", "warmup_step", "warmup_check_accuracy", "eval_accuracy", "rollout/reward_mean", "train/kl", "sync/seconds")}
         print(json.dumps(shown), flush=True)
 
 
@@ -38,9 +38,10 @@ def base_model_dir(cfg: RunConfig) -> Path:
     """``cfg.model.path`` if given, else the tiny model for this seed, built once into the cache."""
     if cfg.model.path:
         return Path(cfg.model.path)
-    from agentrl.models.tiny import make_tiny_model
+    from agentrl.models.tiny import TOKENIZER_DIR, make_tiny_model
 
-    out = Path(cfg.cache_dir) / f"tiny-{_key(cfg.model.seed, cfg.model.max_position_embeddings)}"
+    tokenizer_files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(TOKENIZER_DIR.iterdir())}
+    out = Path(cfg.cache_dir) / f"tiny-{_key(cfg.model.seed, cfg.model.max_position_embeddings, tokenizer_files)}"
     if not (out / "model.safetensors").exists():
         make_tiny_model(out, seed=cfg.model.seed, max_position_embeddings=cfg.model.max_position_embeddings)
     return out
@@ -68,12 +69,11 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
         return out
     env_cls = load_function(cfg.env)
     expert = load_function(cfg.expert)
+
+    def expert_chats(tasks: list[Any]) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+        return [(expert(task), env_cls.tool_schemas()) for task in tasks]
+
     tasks = load_function(cfg.tasks)(w.num_conversations, seed=cfg.seed + 1, split="train", **cfg.task_kwargs)
-    conversations = []
-    for task in tasks:
-        env = env_cls()
-        env.reset(task)
-        conversations.append((expert(task), env.tool_schemas()))
     bar = tqdm(total=w.max_steps, desc="warm-up")
 
     def evaluate(path: Path) -> float:
@@ -82,13 +82,17 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
 
     def progress(record: dict[str, float]) -> None:
         bar.update(int(record["warmup_step"]) - bar.n)
-        bar.set_postfix(acc=record["eval_accuracy"], loss=round(record["warmup_loss"], 3))
+        shown = {k.removeprefix("warmup_").removesuffix("_accuracy"): round(v, 3)
+                 for k, v in record.items() if k != "warmup_step"}
+        bar.set_postfix(shown)
         if log:
             log.write(record)
 
-    config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, eval_every=w.eval_every,
-                          target_accuracy=w.target_accuracy, max_minutes=w.max_minutes, seed=cfg.seed)
-    result = supervised_warmup(base, out, conversations, evaluate, config, progress=progress)
+    config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, check_every=w.check_every,
+                          eval_every=w.eval_every, target_accuracy=w.target_accuracy, max_minutes=w.max_minutes,
+                          seed=cfg.seed)
+    result = supervised_warmup(base, out, expert_chats(tasks), evaluate, config, progress=progress,
+                               heldout=expert_chats(heldout))
     bar.close()
     done.write_text(json.dumps({"steps": result.steps, "accuracy": result.accuracy, "history": result.history}))
     return out
