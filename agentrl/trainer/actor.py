@@ -325,7 +325,11 @@ class MegatronTrainer:
                                extra_state=extra_state)
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
-        """Restore a checkpoint written by :meth:`save_checkpoint`; returns its ``extra_state``."""
+        """Restore a checkpoint written by :meth:`save_checkpoint`; returns its ``extra_state``.
+
+        ``FileNotFoundError`` for a missing directory or one that is no checkpoint;
+        :class:`agentrl.trainer.checkpoint.CheckpointError` for an incomplete or mismatched one.
+        """
         from agentrl.trainer.checkpoint import load_checkpoint
 
         self.step, extra = load_checkpoint(directory, self.gpt, self.optimizer, self.scheduler)

@@ -145,7 +145,12 @@ def _reset_optimizer(optimizer) -> None:
 
 def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step: int,
                     extra_state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint of ``model`` (an unwrapped GPTModel) and its optimizer into ``directory``."""
+    """Write a checkpoint of ``model`` (an unwrapped GPTModel) and its optimizer into ``directory``.
+
+    Collective: every rank calls it. Megatron's writer starts a ``spawn`` multiprocessing manager once per
+    process, which re-imports ``__main__``: a script that saves needs the ``if __name__ == "__main__":``
+    guard (otherwise Python's bootstrapping RuntimeError).
+    """
     from megatron.core import dist_checkpointing
 
     path = Path(directory)

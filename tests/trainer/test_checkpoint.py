@@ -19,6 +19,7 @@ LAYOUTS = {
     "adam": dict(),
     "adam-distributed": dict(use_distributed_optimizer=True),
     "adam-bf16": dict(dtype="bfloat16"),
+    "adam-distributed-bf16": dict(use_distributed_optimizer=True, dtype="bfloat16"),
     "sgd": dict(optimizer="sgd", lr=1e-2),
 }
 
@@ -71,7 +72,7 @@ def test_checkpoint_before_the_first_step_resumes_like_the_uninterrupted_run(tin
     _assert_same_run(b, a, BATCHES[:2])
 
 
-@pytest.mark.parametrize("layout", ["adam-distributed", "sgd"])
+@pytest.mark.parametrize("layout", ["adam-distributed", "adam-distributed-bf16", "sgd"])
 def test_checkpoint_after_a_step_resumes_like_the_uninterrupted_run(tiny_dir, tmp_path, layout):
     # Plain Adam is covered by test_trainer.py::test_resume_gives_the_same_next_step.
     cfg = _config(layout)
