@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
@@ -75,6 +75,17 @@ class RunConfig(_Section):
     colocate: bool = False
     trainer_ranks: int = 1
     eval: EvalSection = EvalSection()
+
+    @model_validator(mode="after")
+    def _trainer_temperature_is_the_sampling_temperature(self) -> RunConfig:
+        # Training log-probs are of logits / temperature; any other value than the sampler's makes the
+        # importance ratio wrong from the first token.
+        sampling = self.rollout.temperature
+        chosen = self.trainer.setdefault("temperature", sampling)
+        if chosen != sampling:
+            raise ValueError(f"trainer.temperature={chosen} differs from rollout.temperature={sampling}; "
+                             "set only rollout.temperature")
+        return self
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
