@@ -1,0 +1,315 @@
+"""agentrl vs TRL's GRPOTrainer on the same warmed-up tiny model, task, reward and group size (issue 8).
+
+Runs ``agentrl train`` first (subprocess, GRPO budget ``--minutes``), then TRL 1.16's ``GRPOTrainer`` (CPU, no
+vLLM, its own multi-turn tool path: ``environment_factory``) from the *same* warm model directory for the same
+wall time agentrl's GRPO phase took, never both at once. Both sides are scored by the same code: agentrl's
+greedy held-out evaluation (``RolloutManager.evaluate``: engines behind smg, the agent loop, the environment's
+reward) on the same held-out tasks at the same cadence (every ``eval.every`` steps and at the end). For TRL the
+trained weights are saved to disk and loaded into those engines before each evaluation, as agentrl syncs its
+weights into its engines.
+
+Clock: both clocks start after the step-0 evaluation of the warm model and *include* the periodic evaluations
+(and agentrl's checkpoint saves), since agentrl's ``elapsed_s`` does; start-up (engines, Ray, TRL's trainer
+construction) is excluded on both sides. TRL's own time spent evaluating is also reported separately.
+
+Matched settings: 8 prompts x 8 generations per optimizer step, temperature 1, lr 1e-4 constant, Adam
+(0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
+TRL), std-scaled group advantages, one optimizer step per batch. Differences TRL's design forces (said in the
+JSON too): its completion budget covers the whole multi-turn completion (agentrl's ``max_new_tokens`` is per
+turn), so it gets ``max_new_tokens * max_turns``; and it has no "episode done", so after ``submit`` the model
+replies once more (the adapter then ignores further tool calls, so the first submission decides the reward,
+as in agentrl).
+
+    python3 benchmarks/vs_trl.py [--config examples/arithmetic/config.yaml] [--minutes M] [--cache-dir C]
+                                 [--single-turn] [--eval-tasks N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "vs_trl.json"
+TARGET_GAIN = 0.2
+SINGLE_TURN = ["--env", "agentrl.envs.arithmetic:ArithmeticEnv", "--task_kwargs", '{"multi_turn": false}']
+
+
+# ------------------------------------------------------------------------------------------- agentrl side
+
+
+def run_agentrl(config: str, overrides: list[str], minutes: float, out_dir: Path) -> list[dict[str, Any]]:
+    """``agentrl train`` with a GRPO wall budget of ``minutes`` (steps unbounded); its metrics rows."""
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", config, "--output-dir", str(out_dir),
+           "--max_minutes", str(minutes), "--steps", "100000", *overrides]
+    print("+", " ".join(cmd), flush=True)
+    log = out_dir.with_suffix(".log")
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"agentrl train exited {rc}; last output ({log}):\n{tail}")
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def agentrl_curve(rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, float]]]:
+    """(warm model dir, evaluations as {step, seconds, eval_accuracy}), seconds since the step-0 evaluation."""
+    start = next((r for r in rows if r.get("step") == 0 and "model_dir" in r), None)
+    if start is None:
+        raise RuntimeError("agentrl metrics have no step-0 row with model_dir (did the run reach GRPO?)")
+    t0 = start["elapsed_s"]
+    curve = [{"step": r["step"], "seconds": round(r["elapsed_s"] - t0, 2), "eval_accuracy": r["eval_accuracy"]}
+             for r in rows if "step" in r and "eval_accuracy" in r]
+    return start["model_dir"], curve
+
+
+# ----------------------------------------------------------------------------------------------- TRL side
+
+
+def trl_environment(env_cls: type) -> type:
+    """An adapter class for TRL's ``environment_factory`` that runs ``env_cls`` (an agentrl Environment).
+
+    Tool calls go through ``Environment.call_tool`` (same validation, same result text, errors shown to the
+    model as agentrl shows them). TRL lists the tools by *attribute* name, sorted, and names them by the
+    function's ``__name__``: attributes ``t0_<name>``, ``t1_<name>``... keep agentrl's tool order, so the
+    prompt TRL renders is byte-identical to the one the model was warmed up on (checked before training).
+    """
+    from agentrl.envs.environment import ToolCallError
+    from agentrl.envs.formats import ToolCall
+
+    def reset(self: Any, task: str, **_: Any) -> None:
+        self._env = env_cls()
+        self._env.task = json.loads(task)
+        self._env.messages = list(self._env.reset(self._env.task))
+
+    def get_reward(self: Any) -> float:
+        value = self._env.reward()
+        return float(asyncio.run(value) if inspect.isawaitable(value) else value)
+
+    def make_tool(name: str, function: Any) -> Any:
+        async def call(self: Any, **arguments: Any) -> str:
+            if self._env.done:  # agentrl ends the episode here; TRL generates once more, which must not count
+                return "the episode is over"
+            try:
+                return await self._env.call_tool(ToolCall(name, arguments))
+            except ToolCallError as err:
+                return str(err)
+
+        call.__name__ = call.__qualname__ = name
+        call.__doc__ = function.__doc__
+        call.__signature__ = inspect.signature(function)
+        call.__annotations__ = dict(function.__annotations__)
+        return call
+
+    body: dict[str, Any] = {"reset": reset, "get_reward": get_reward}
+    for i, (name, spec) in enumerate(env_cls.tools.items()):
+        body[f"t{i}_{name}"] = make_tool(name, spec.function)
+    return type(f"TRL{env_cls.__name__}", (), body)
+
+
+class AgentrlEvaluator:
+    """agentrl's held-out evaluation of in-memory weights: save, load into the engines, ``evaluate``."""
+
+    def __init__(self, model_dir: str, env_cls: type, settings: Any, heldout: list[Any], scratch: Path) -> None:
+        from agentrl.rollout.manager import RolloutManager
+
+        self.heldout, self.scratch = heldout, scratch
+        self.manager = RolloutManager(model_dir, env_cls, settings).start()
+        self.loop = asyncio.new_event_loop()
+        self.seconds = 0.0
+        self.failed_episodes = 0
+
+    def __call__(self, model: Any | None, version: str) -> float:
+        started = time.monotonic()
+        if model is not None:
+            path = self.scratch / f"eval-{version}"
+            model.save_pretrained(path)
+            self.manager.router.update_weights_from_disk(str(path), version)
+        for _attempt in range(3):
+            # RolloutManager.evaluate's own numbers, plus its failed-episode count: on this loaded 2-core machine
+            # smg's circuit breaker sometimes opens right after a weight load, and failed episodes score 0.
+            batch = self.loop.run_until_complete(self.manager.rollout(self.heldout, 1, temperature=0.0))
+            failed = int(batch.metrics.get("rollout/failed", 0))
+            if not failed:
+                break
+            print(f"evaluation {version}: {failed} episodes failed, retrying", flush=True)
+            self.failed_episodes += failed
+            time.sleep(2.0)
+        self.seconds += time.monotonic() - started
+        return sum(g[0].reward for g in batch.groups) / max(len(self.heldout), 1)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.manager.aclose_client())
+        self.loop.close()
+        self.manager.shutdown()
+
+
+def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[str, Any]:
+    """TRL GRPO from ``model_dir`` for ``budget_s`` seconds (evaluations included); its curve and log."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
+
+    from agentrl.envs import load_function
+    from agentrl.rollout.manager import RolloutSettings
+
+    env_cls = load_function(cfg.env)
+    make_tasks = load_function(cfg.tasks)
+    heldout = make_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", **cfg.task_kwargs)
+    r = cfg.rollout
+    # The same per-step draws agentrl makes (seed * 1_000_003 + step), enough for any budget.
+    tasks = [t for step in range(3000)
+             for t in make_tasks(r.prompts_per_step, seed=cfg.seed * 1_000_003 + step, split="train", **cfg.task_kwargs)]
+    dataset = Dataset.from_list([{"prompt": env_cls().reset(t), "task": json.dumps(t)} for t in tasks])
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    # Our template renders tool calls as Hermes JSON, exactly what TRL's Qwen3 parser reads.
+    tokenizer.response_template = qwen3_template
+    adapter = trl_environment(env_cls)
+    expected = tokenizer.apply_chat_template(dataset[0]["prompt"], tools=env_cls.tool_schemas(), tokenize=False,
+                                             add_generation_prompt=True)
+    probe = adapter()
+    trl_tools = [getattr(probe, n) for n, _ in inspect.getmembers(adapter, inspect.isfunction)
+                 if n not in ("reset", "get_reward") and not n.startswith("_")]
+    rendered = tokenizer.apply_chat_template(dataset[0]["prompt"], tools=trl_tools, tokenize=False,
+                                             add_generation_prompt=True)
+    if rendered != expected:
+        raise RuntimeError(f"TRL would render a different prompt:\n{rendered!r}\nagentrl:\n{expected!r}")
+
+    loss = {"kl_coef": 1e-3, "eps_clip": 0.2, "eps_clip_high": 0.28, **cfg.trainer.get("loss", {})}
+    per_step = r.prompts_per_step * r.samples_per_prompt
+    args = GRPOConfig(
+        output_dir=str(scratch / "trl"), use_cpu=True, seed=cfg.seed, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, max_steps=len(tasks) // r.prompts_per_step,
+        per_device_train_batch_size=per_step, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_generations=r.samples_per_prompt, num_iterations=1,
+        temperature=r.temperature, top_p=1.0, top_k=0,
+        max_completion_length=r.max_new_tokens * env_cls.max_turns, max_tool_calling_iterations=env_cls.max_turns - 1,
+        learning_rate=cfg.trainer.get("lr", 1e-4), lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, beta=loss["kl_coef"], epsilon=loss["eps_clip"], epsilon_high=loss["eps_clip_high"],
+        loss_type="dapo", scale_rewards="group", gradient_checkpointing=False,  # agentrl: recompute off
+    )
+    settings = RolloutSettings(num_engines=r.num_engines, dtype=cfg.model.dtype, temperature=r.temperature,
+                               max_new_tokens=r.max_new_tokens, concurrency=r.concurrency, policy=r.policy)
+    evaluate = AgentrlEvaluator(model_dir, env_cls, settings, heldout, scratch)
+    curve = [{"step": 0, "seconds": 0.0, "eval_accuracy": evaluate(None, "0")}]
+    print(json.dumps({"trl": curve[0]}), flush=True)
+    log_rows: list[dict[str, Any]] = []
+
+    class Clock(TrainerCallback):
+        """Evaluates every ``eval.every`` steps and stops the run once the wall budget is spent."""
+
+        started = 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.started = time.monotonic()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs:
+                log_rows.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, int | float)}})
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            out_of_time = time.monotonic() - self.started > budget_s
+            if state.global_step % cfg.eval.every == 0 or out_of_time:
+                accuracy = evaluate(model, str(state.global_step))
+                point = {"step": state.global_step, "seconds": round(time.monotonic() - self.started, 2),
+                         "eval_accuracy": accuracy}
+                curve.append(point)
+                print(json.dumps({"trl": point}), flush=True)
+            if out_of_time:
+                control.should_training_stop = True
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    try:
+        trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                              environment_factory=adapter, callbacks=[Clock()])
+        trainer.train()
+    finally:
+        evaluate.close()
+    return {"curve": curve, "eval_seconds": round(evaluate.seconds, 2),
+            "eval_failed_episodes_retried": evaluate.failed_episodes, "log": log_rows,
+            "settings": {"max_completion_length": args.max_completion_length,
+                         "max_tool_calling_iterations": args.max_tool_calling_iterations,
+                         "per_device_train_batch_size": per_step, "num_generations": args.num_generations,
+                         "beta": args.beta, "epsilon": args.epsilon, "epsilon_high": args.epsilon_high,
+                         "loss_type": args.loss_type, "learning_rate": args.learning_rate}}
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def summarize(name: str, curve: list[dict[str, float]]) -> dict[str, Any]:
+    start = curve[0]["eval_accuracy"]
+    reached = next((p["seconds"] for p in curve[1:] if p["eval_accuracy"] >= start + TARGET_GAIN - 1e-9), None)
+    steps, seconds = curve[-1]["step"], curve[-1]["seconds"]
+    return {"framework": name, "start_accuracy": start, "final_accuracy": curve[-1]["eval_accuracy"],
+            "seconds_to_target": reached, "steps": steps, "seconds": seconds,
+            "s_per_step": round(seconds / steps, 3) if steps else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="examples/arithmetic/config.yaml")
+    p.add_argument("--minutes", type=float, default=7.0, help="agentrl's GRPO budget; TRL gets the same wall time")
+    p.add_argument("--cache-dir", default=".cache/agentrl", help="agentrl's model / warm-up cache")
+    p.add_argument("--single-turn", action="store_true", help="ArithmeticEnv (submit only) on both sides")
+    p.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the config's)")
+    p.add_argument("--work-dir", help="where both runs write (default: a temporary directory)")
+    args = p.parse_args(argv)
+
+    from agentrl.trainer.run_config import load_config
+
+    overrides = ["--cache_dir", args.cache_dir] + (SINGLE_TURN if args.single_turn else [])
+    if args.eval_tasks:
+        overrides += ["--eval.num_tasks", str(args.eval_tasks)]
+    config = str(Path(args.config).resolve())
+    cfg = load_config(config, overrides)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="vs_trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    model_dir, agentrl_points = agentrl_curve(run_agentrl(config, overrides, args.minutes, work / "agentrl"))
+    budget = agentrl_points[-1]["seconds"]
+    print(f"agentrl: {len(agentrl_points)} evaluations in {budget:.0f} s; TRL gets {budget:.0f} s from {model_dir}",
+          flush=True)
+    trl = run_trl(cfg, model_dir, budget, work)
+    table = [summarize("agentrl", agentrl_points), summarize("trl", trl["curve"])]
+    a, t = table[0]["seconds_to_target"], table[1]["seconds_to_target"]
+    result = {
+        "task": "single-turn (ArithmeticEnv)" if args.single_turn else "multi-turn (ArithmeticToolEnv)",
+        "env": cfg.env, "minutes": args.minutes, "eval_tasks": cfg.eval.num_tasks, "eval_every": cfg.eval.every,
+        "clock": "from after the step-0 evaluation; periodic evaluations included on both sides",
+        "target": f"+{TARGET_GAIN} held-out accuracy over the warm model", "model_dir": model_dir,
+        "table": table, "time_ratio_agentrl_over_trl": round(a / t, 3) if a and t else None,
+        "agentrl_curve": agentrl_points, "trl_curve": trl["curve"], "trl_eval_seconds": trl["eval_seconds"],
+        "trl_eval_failed_episodes_retried": trl["eval_failed_episodes_retried"],
+        "trl_settings": trl["settings"], "trl_log": trl["log"],
+        "trl_differences": ["completion budget spans all turns: max_new_tokens * max_turns",
+                            "no episode end after submit: one more reply is generated (later calls ignored)"],
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{result['task']}, {cfg.eval.num_tasks} held-out tasks, eval every {cfg.eval.every} steps")
+    print(f"{'framework':<10}{'start acc':>10}{'final acc':>10}{'s to +0.2':>14}{'steps':>7}{'s/step':>8}")
+    for row in table:
+        reached = f"{row['seconds_to_target']:.0f}" if row["seconds_to_target"] is not None else "not reached"
+        print(f"{row['framework']:<10}{row['start_accuracy']:>10.3f}{row['final_accuracy']:>10.3f}{reached:>14}"
+              f"{row['steps']:>7}{row['s_per_step'] or float('nan'):>8.2f}")
+    if result["time_ratio_agentrl_over_trl"] is not None:
+        print(f"agentrl / TRL time to +0.2: {result['time_ratio_agentrl_over_trl']} (target <= 0.5)")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
