@@ -15,13 +15,14 @@ construction) is excluded on both sides. TRL's own time spent evaluating is also
 Matched settings: 8 prompts x 8 generations per optimizer step, temperature 1, lr 1e-4 constant, Adam
 (0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
 TRL), std-scaled group advantages, one optimizer step per batch. Differences TRL's design forces (said in the
-JSON too): its completion budget covers the whole multi-turn completion (agentrl's ``max_new_tokens`` is per
-turn), so it gets ``max_new_tokens * max_turns``; and it has no "episode done", so after ``submit`` the model
-replies once more (the adapter then ignores further tool calls, so the first submission decides the reward,
+JSON too): its ``max_completion_length`` covers the whole multi-turn completion, so each generate call (turn)
+is capped at agentrl's per-turn ``max_new_tokens`` and the whole at ``max_new_tokens * max_turns``; it runs
+at most ``max_turns - 1`` tool rounds; and it has no "episode done", so after ``submit`` the model replies once
+more (the adapter then ignores further tool calls, so the first submission decides the reward,
 as in agentrl).
 
     python3 benchmarks/vs_trl.py [--config examples/arithmetic/config.yaml] [--minutes M] [--cache-dir C]
-                                 [--single-turn] [--eval-tasks N]
+                                 [--single-turn] [--eval-tasks N] [--work-dir D] [--results R.json]
 """
 
 from __future__ import annotations
@@ -195,6 +196,9 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[st
         per_device_train_batch_size=per_step, gradient_accumulation_steps=1, steps_per_generation=1,
         num_generations=r.samples_per_prompt, num_iterations=1,
         temperature=r.temperature, top_p=1.0, top_k=0,
+        # agentrl caps each turn at max_new_tokens; TRL's max_completion_length bounds the whole multi-turn
+        # completion, so the per-turn cap goes into every generate call and the total gets one cap per turn.
+        generation_kwargs={"max_new_tokens": r.max_new_tokens},
         max_completion_length=r.max_new_tokens * env_cls.max_turns, max_tool_calling_iterations=env_cls.max_turns - 1,
         learning_rate=cfg.trainer.get("lr", 1e-4), lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=loss["kl_coef"], epsilon=loss["eps_clip"], epsilon_high=loss["eps_clip_high"],
@@ -239,7 +243,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[st
         evaluate.close()
     return {"curve": curve, "eval_seconds": round(evaluate.seconds, 2),
             "eval_failed_episodes_retried": evaluate.failed_episodes, "log": log_rows,
-            "settings": {"max_completion_length": args.max_completion_length,
+            "settings": {"max_completion_length": args.max_completion_length, "generation_kwargs": args.generation_kwargs,
                          "max_tool_calling_iterations": args.max_tool_calling_iterations,
                          "per_device_train_batch_size": per_step, "num_generations": args.num_generations,
                          "beta": args.beta, "epsilon": args.epsilon, "epsilon_high": args.epsilon_high,
@@ -266,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single-turn", action="store_true", help="ArithmeticEnv (submit only) on both sides")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the config's)")
     p.add_argument("--work-dir", help="where both runs write (default: a temporary directory)")
+    p.add_argument("--results", default=str(RESULTS), help="JSON to write (smoke runs: elsewhere)")
     args = p.parse_args(argv)
 
     from agentrl.trainer.run_config import load_config
@@ -294,11 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         "agentrl_curve": agentrl_points, "trl_curve": trl["curve"], "trl_eval_seconds": trl["eval_seconds"],
         "trl_eval_failed_episodes_retried": trl["eval_failed_episodes_retried"],
         "trl_settings": trl["settings"], "trl_log": trl["log"],
-        "trl_differences": ["completion budget spans all turns: max_new_tokens * max_turns",
+        "trl_differences": ["per-turn cap max_new_tokens (generation_kwargs), whole completion max_new_tokens * max_turns",
                             "no episode end after submit: one more reply is generated (later calls ignored)"],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results = Path(args.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['task']}, {cfg.eval.num_tasks} held-out tasks, eval every {cfg.eval.every} steps")
     print(f"{'framework':<10}{'start acc':>10}{'final acc':>10}{'s to +0.2':>14}{'steps':>7}{'s/step':>8}")
     for row in table:
@@ -307,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['steps']:>7}{row['s_per_step'] or float('nan'):>8.2f}")
     if result["time_ratio_agentrl_over_trl"] is not None:
         print(f"agentrl / TRL time to +0.2: {result['time_ratio_agentrl_over_trl']} (target <= 0.5)")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 
