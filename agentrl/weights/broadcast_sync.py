@@ -149,8 +149,11 @@ class BroadcastSync(WeightSync):
             return
         from agentrl.engine.weight_group import destroy_group
 
-        self.engines.call_all("/destroy_weights_update_group", {"group_name": self.group_name})
+        # Both sides at once: destroying an NCCL communicator waits for the peers to destroy theirs, so
+        # waiting for the engines' answer first deadlocks (seen on 2 H200s; gloo does not wait).
+        answers = self.engines.submit_all("/destroy_weights_update_group", {"group_name": self.group_name})
         destroy_group(self.group)
+        answers()
         self.group = None
         self.group_backend = None
 
