@@ -14,7 +14,9 @@ construction) is excluded on both sides. TRL's own time spent evaluating is also
 
 Matched settings: 8 prompts x 8 generations per optimizer step, temperature 1, lr 1e-4 constant, Adam
 (0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
-TRL), std-scaled group advantages, one optimizer step per batch. Differences TRL's design forces (said in the
+TRL), std-scaled group advantages, one optimizer step per batch, the same train tasks at each step, the same
+prompt text (checked). agentrl also drops zero-variance groups before the loss (TRL keeps them at advantage 0,
+so they only add KL and dilute the token mean) and saves a checkpoint at each evaluation (inside its clock). Differences TRL's design forces (said in the
 JSON too): its ``max_completion_length`` covers the whole multi-turn completion, so each generate call (turn)
 is capped at agentrl's per-turn ``max_new_tokens`` and the whole at ``max_new_tokens * max_turns``; it runs
 at most ``max_turns - 1`` tool rounds; and it has no "episode done", so after ``submit`` the model replies once
@@ -155,7 +157,8 @@ class AgentrlEvaluator:
 
 
 def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[str, Any]:
-    """TRL GRPO from ``model_dir`` for ``budget_s`` seconds (evaluations included); its curve and log."""
+    """TRL GRPO from ``model_dir`` for at most ``budget_s`` seconds (evaluations included; the final
+    evaluation may end past it); its curve and log."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -169,7 +172,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[st
     make_tasks = load_function(cfg.tasks)
     heldout = make_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", **cfg.task_kwargs)
     r = cfg.rollout
-    # The same per-step draws agentrl makes (seed * 1_000_003 + step), enough for any budget.
+    # The same per-step draws agentrl makes (seed * 1_000_003 + step), in order, enough for any budget.
     tasks = [t for step in range(3000)
              for t in make_tasks(r.prompts_per_step, seed=cfg.seed * 1_000_003 + step, split="train", **cfg.task_kwargs)]
     dataset = Dataset.from_list([{"prompt": env_cls().reset(t), "task": json.dumps(t)} for t in tasks])
@@ -193,6 +196,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[st
     args = GRPOConfig(
         output_dir=str(scratch / "trl"), use_cpu=True, seed=cfg.seed, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=len(tasks) // r.prompts_per_step,
+        shuffle_dataset=False,  # in order: step k samples exactly agentrl's step-k tasks
         per_device_train_batch_size=per_step, gradient_accumulation_steps=1, steps_per_generation=1,
         num_generations=r.samples_per_prompt, num_iterations=1,
         temperature=r.temperature, top_p=1.0, top_k=0,
@@ -224,7 +228,10 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[st
                 log_rows.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, int | float)}})
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            out_of_time = time.monotonic() - self.started > budget_s
+            # Stop before a step that would end past the budget (at its mean pace so far, evaluations
+            # included): a TRL step is long here, and finishing one more would give TRL up to a step extra.
+            elapsed = time.monotonic() - self.started
+            out_of_time = elapsed * (state.global_step + 1) / state.global_step > budget_s
             if state.global_step % cfg.eval.every == 0 or out_of_time:
                 accuracy = evaluate(model, str(state.global_step))
                 point = {"step": state.global_step, "seconds": round(time.monotonic() - self.started, 2),
