@@ -156,10 +156,15 @@ class AgentrlEvaluator:
         self.manager.shutdown()
 
 
-def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path) -> dict[str, Any]:
+def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: int = 1) -> dict[str, Any]:
     """TRL GRPO from ``model_dir`` for at most ``budget_s`` seconds (evaluations included; the final
-    evaluation may end past it); its curve and log."""
+    evaluation may end past it); its curve and log. ``threads``: torch CPU threads of TRL and of the
+    evaluation engines (agentrl's engines and trainer run with OMP_NUM_THREADS=1, which Ray sets)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the evaluation engines started below
+    import torch
+
+    torch.set_num_threads(threads)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -276,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=".cache/agentrl", help="agentrl's model / warm-up cache")
     p.add_argument("--single-turn", action="store_true", help="ArithmeticEnv (submit only) on both sides")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the config's)")
+    p.add_argument("--trl-threads", type=int, default=1,
+                   help="torch threads for TRL (default 1, as Ray gives agentrl's engines and trainer)")
     p.add_argument("--work-dir", help="where both runs write (default: a temporary directory)")
     p.add_argument("--results", default=str(RESULTS), help="JSON to write (smoke runs: elsewhere)")
     args = p.parse_args(argv)
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = agentrl_points[-1]["seconds"]
     print(f"agentrl: {len(agentrl_points)} evaluations in {budget:.0f} s; TRL gets {budget:.0f} s from {model_dir}",
           flush=True)
-    trl = run_trl(cfg, model_dir, budget, work)
+    trl = run_trl(cfg, model_dir, budget, work, args.trl_threads)
     table = [summarize("agentrl", agentrl_points), summarize("trl", trl["curve"])]
     a, t = table[0]["seconds_to_target"], table[1]["seconds_to_target"]
     result = {
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": table, "time_ratio_agentrl_over_trl": round(a / t, 3) if a and t else None,
         "agentrl_curve": agentrl_points, "trl_curve": trl["curve"], "trl_eval_seconds": trl["eval_seconds"],
         "trl_eval_failed_episodes_retried": trl["eval_failed_episodes_retried"],
-        "trl_settings": trl["settings"], "trl_log": trl["log"],
+        "trl_settings": {**trl["settings"], "torch_threads": args.trl_threads}, "trl_log": trl["log"],
         "trl_differences": ["per-turn cap max_new_tokens (generation_kwargs), whole completion max_new_tokens * max_turns",
                             "no episode end after submit: one more reply is generated (later calls ignored)"],
     }
