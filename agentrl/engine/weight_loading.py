@@ -10,7 +10,7 @@
   ``S = base64(safetensors.torch.save(named_tensors))``. Costs one copy through the HTTP body.
 * ``load_format: null`` (SGLang's default): ``S = base64(ForkingPickler(list[(name, tensor)]))`` as
   SGLang's ``MultiprocessingSerializer`` writes it: torch's multiprocessing reductions put CUDA tensors
-  in CUDA IPC handles and CPU tensors in shared memory. For CPU tensors the sender must use the
+  in CUDA IPC handles (naming the GPU by UUID, :mod:`agentrl.engine.cuda_ipc`) and CPU tensors in shared memory. For CPU tensors the sender must use the
   ``file_system`` sharing strategy (the default ``file_descriptor`` one passes fds that only live over a
   Unix socket); :func:`serialize_named_tensors` sets it. The sender must keep the tensors alive until the
   request returns. Both sides must trust each other: this is pickle (as in SGLang).
@@ -25,7 +25,6 @@ xxh3_64 over ``name \\0 dtype \\0 shape \\0 per-tensor digest`` of every paramet
 from __future__ import annotations
 
 import base64
-import io
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,14 +46,12 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], f
         data = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
         return base64.b64encode(data).decode("ascii")
     if fmt is None:
-        from multiprocessing.reduction import ForkingPickler
-
         import torch.multiprocessing as mp  # registers torch's reductions with ForkingPickler
 
+        from agentrl.engine.cuda_ipc import dumps
+
         mp.set_sharing_strategy("file_system")
-        buf = io.BytesIO()
-        ForkingPickler(buf).dump([(name, t.detach()) for name, t in items])
-        return base64.b64encode(buf.getvalue()).decode("ascii")
+        return base64.b64encode(dumps([(name, t.detach()) for name, t in items])).decode("ascii")
     raise ValueError(f"unknown load_format {fmt!r}; use one of {FORMATS}")
 
 
