@@ -320,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['task']}, {cfg.eval.num_tasks} held-out tasks, eval every {cfg.eval.every} steps")
-    print(f"{'framework':<10}{'start acc':>10}{'final acc':>10}{'s to +0.2':>14}{'steps':>7}{'s/step':>8}")
+    print(f"{'framework':<10}{'start acc':>10}{'final acc':>10}{'s to +0.2':>14}{'steps':>7}{'wall s':>8}{'s/step':>8}")
     for row in table:
         reached = f"{row['seconds_to_target']:.0f}" if row["seconds_to_target"] is not None else "not reached"
         print(f"{row['framework']:<10}{row['start_accuracy']:>10.3f}{row['final_accuracy']:>10.3f}{reached:>14}"
-              f"{row['steps']:>7}{row['s_per_step'] or float('nan'):>8.2f}")
+              f"{row['steps']:>7}{row['seconds']:>8.0f}{row['s_per_step'] or float('nan'):>8.2f}")
     if result["time_ratio_agentrl_over_trl"] is not None:
         print(f"agentrl / TRL time to +0.2: {result['time_ratio_agentrl_over_trl']} (target <= 0.5)")
     print(f"wrote {results}")
