@@ -51,6 +51,39 @@ def make_sender(mode: str, url: str):
     return DeltaSync([url], transport="broadcast", backend="nccl", group_timeout_s=120, snapshot_device=None)
 
 
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def release_check(url: str, named: list, engine_gpu: int) -> dict:
+    """Colocate round trip: free GPU bytes before/after ``/release_memory_occupation`` and after resume, plus
+    the weights' bits after resume."""
+    import torch
+
+    from agentrl.engine.weight_loading import weights_checksum
+
+    def free() -> int:
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info(engine_gpu)[0]
+
+    before = free()
+    post(url + "/release_memory_occupation", {})
+    released = free()
+    post(url + "/resume_memory_occupation", {})
+    resumed = free()
+    with urllib.request.urlopen(url + "/weights_checksum", timeout=600) as r:
+        remote = json.loads(r.read())
+    local = weights_checksum((n, t.cpu()) for n, t in named)
+    same = all(local["parameters"].get(n) == d for n, d in remote["parameters"].items())
+    result = {"freed_GiB": round((released - before) / 2**30, 2), "retaken_GiB": round((released - resumed) / 2**30, 2),
+              "bitwise_equal_after_resume": same}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["ipc", "broadcast", "delta-broadcast"], required=True)
@@ -62,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--changed", type=float, default=0.02, help="fraction of elements changed per round")
     p.add_argument("--hang-seconds", type=float, default=240)
     p.add_argument("--log-dir", default=None, help="where the engine log goes (default: a temp dir)")
+    p.add_argument("--release-check", action="store_true",
+                   help="then release the engine's memory (colocate), measure the GPU memory freed, resume, re-check bits")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     faulthandler.dump_traceback_later(args.hang_seconds, exit=True)
@@ -105,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                                "full_GB_per_s": round(report.full_bytes / report.seconds / 1e9, 2),
                                "fallback": report.fallback})
                 print(json.dumps(rounds[-1]), flush=True)
-    result = {"mode": args.mode, "shape": args.shape, "dtype": args.dtype, "trainer_gpu": args.trainer_gpu,
+        release = release_check(engine.url, named, engine_gpu) if args.release_check else None
+    result = {"release": release, "mode": args.mode, "shape": args.shape, "dtype": args.dtype, "trainer_gpu": args.trainer_gpu,
               "engine_gpu": engine_gpu, "device": torch.cuda.get_device_name(), "rounds": rounds,
-              "all_bitwise_equal": all(r["bitwise_equal"] for r in rounds)}
+              "all_bitwise_equal": all(r["bitwise_equal"] for r in rounds)
+              and (release is None or release["bitwise_equal_after_resume"])}
     print(json.dumps(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
