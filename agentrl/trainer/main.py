@@ -57,7 +57,7 @@ def train(cfg: RunConfig, *, resume: bool = False) -> Path:
             buffer.load_state_dict(extra["buffer"])
 
         def sync(version: int) -> dict[str, Any]:
-            return ray.get([t.sync_weights.remote(cfg.sync_mode, urls, str(version)) for t in trainers])[0]
+            return ray.get([t.sync_weights.remote(cfg.sync_mode, urls, str(version), cfg.sync_options) for t in trainers])[0]
 
         def submit(step: int) -> Any:
             tasks = make_tasks(cfg.rollout.prompts_per_step, seed=cfg.seed * 1_000_003 + step, split="train",
@@ -66,7 +66,7 @@ def train(cfg: RunConfig, *, resume: bool = False) -> Path:
 
         sync(start)  # engines serve exactly the trainer's weights before the first sample
         if not resume:
-            log.write({"step": 0, **ray.get(rollout.evaluate.remote(heldout))})
+            log.write({"step": 0, "model_dir": str(model_dir), **ray.get(rollout.evaluate.remote(heldout))})
         deadline = time.monotonic() + cfg.max_minutes * 60
         pending = submit(start) if start < cfg.steps else None
         for step in tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps):

@@ -45,7 +45,8 @@ class TrainerRank:
     def train(self, samples: list[Sample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
 
-    def sync_weights(self, mode: str, engine_urls: list[str], weight_version: str) -> dict[str, Any] | None:
+    def sync_weights(self, mode: str, engine_urls: list[str], weight_version: str,
+                     options: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Every rank exports (TP shards are gathered collectively); rank 0 pushes to the engines."""
         named = self.trainer.export_hf_named_tensors()
         if self.rank != 0:
@@ -55,7 +56,7 @@ class TrainerRank:
         from agentrl.weights.sync import make_sync
 
         if self._sync is None or self._sync.engine_urls != list(engine_urls):
-            self._sync = make_sync(mode, engine_urls)
+            self._sync = make_sync(mode, engine_urls, **(options or {}))
         return self._sync.sync(named, weight_version).to_json()
 
     def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> str:

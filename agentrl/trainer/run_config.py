@@ -65,6 +65,8 @@ class RunConfig(_Section):
     max_minutes: float = 10.0
     loop: Literal["sync", "async"] = "sync"
     sync_mode: Literal["disk", "tensor", "broadcast", "delta"] = "delta"
+    # Keyword arguments of the sender (agentrl.weights.sync.make_sync), e.g. {"transport": "broadcast"}.
+    sync_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = 0
     model: ModelSection = ModelSection()
     warmup: WarmupSection = WarmupSection()
