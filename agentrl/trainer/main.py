@@ -67,6 +67,10 @@ def train(cfg: RunConfig, *, resume: bool = False) -> Path:
         sync(start)  # engines serve exactly the trainer's weights before the first sample
         if not resume:
             log.write({"step": 0, "model_dir": str(model_dir), **ray.get(rollout.evaluate.remote(heldout))})
+            # a crash in the first step resumes from here, not from a new warm-up and evaluation
+            state = {"step": 0, "buffer": buffer.state_dict()}
+            ray.get([t.save_checkpoint.remote(str(checkpoints / "step-0"), state) for t in trainers])
+            mark_latest(checkpoints, "step-0")
         deadline = time.monotonic() + cfg.max_minutes * 60
         pending = submit(start) if start < cfg.steps else None
         for step in tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps):

@@ -37,6 +37,7 @@ def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
         assert r["sync/bytes_sent"] > 0 and r["sync/full_bytes"] > 0
     assert (out / "reward_curve.png").stat().st_size > 0
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-2"
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0", "step-2"]  # keeps 2
 
     assert main([config, "--output-dir", str(out), "--steps", "3", "--resume", *small]) == 0
     resumed = rows(out)
