@@ -1,7 +1,9 @@
 """Next-token choice for a batch of rows, each with its own sampling parameters.
 
-The returned log-prob is always ``log_softmax`` of the *raw* logits (temperature 1, no top-p/top-k),
-which is what the trainer recomputes; temperature and filters only change which token is drawn.
+The returned log-prob is ``log_softmax(logits / temperature)`` of the drawn token: the sampling policy the
+trainer recomputes (its ``temperature`` is the rollout's), so train/rollout log-probs and importance ratios
+compare like with like. Greedy rows use temperature 1. Top-k/top-p/min-p filters only change which token
+is drawn, not the returned log-prob (as SGLang).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ def sample_next(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> tuple[list[int], list[float]]:
-    """Pick one token per row of ``logits`` [B, V]; return (token ids, raw log-probs of those ids)."""
+    """Pick one token per row of ``logits`` [B, V]; return (token ids, their log-probs at each row's temperature)."""
     import torch
 
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    temperatures = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+    logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
     batch = logits.shape[0]
     tokens = torch.empty(batch, dtype=torch.long, device=logits.device)
 

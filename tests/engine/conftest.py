@@ -83,14 +83,15 @@ def hf_model(tiny_model):
 
 @pytest.fixture(scope="session")
 def hf_logprobs():
-    """``f(model, prompt, output)``: log_softmax(raw logits) of each output token, one plain forward."""
+    """``f(model, prompt, output, temperature=1)``: log_softmax(logits / temperature) of each output token,
+    one plain forward."""
     import torch
 
-    def compute(model, prompt: list[int], output: list[int]) -> list[float]:
+    def compute(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
         ids = torch.tensor([prompt + output])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
         positions = range(len(prompt) - 1, len(prompt) + len(output) - 1)
         return [logprobs[p, t].item() for p, t in zip(positions, output, strict=True)]
 

@@ -25,11 +25,14 @@ def test_frequencies_follow_softmax_over_temperature(temperature):
     assert (freq - expected).abs().max() < 0.015
 
 
-def test_returned_logprob_is_raw_log_softmax_whatever_the_temperature():
-    raw = torch.log_softmax(LOGITS, -1)
+def test_returned_logprob_is_at_the_sampling_temperature_before_filters():
+    scaled = torch.log_softmax(LOGITS / 0.3, -1)  # top_k=3 changes the draw, not the returned log-prob
     torch.manual_seed(1)
     tokens, lps = sample_next(LOGITS.repeat(50, 1), [SamplingParams(temperature=0.3, top_k=3)] * 50, [None] * 50)
-    assert all(abs(lp - raw[t].item()) < 1e-6 for t, lp in zip(tokens, lps, strict=True))
+    assert all(abs(lp - scaled[t].item()) < 1e-6 for t, lp in zip(tokens, lps, strict=True))
+    raw = torch.log_softmax(LOGITS, -1)
+    tokens, lps = sample_next(LOGITS[None], [SamplingParams(temperature=0)], [None])
+    assert abs(lps[0] - raw[tokens[0]].item()) < 1e-6  # greedy: temperature 1
 
 
 def test_top_k_top_p_min_p_filter():
