@@ -12,7 +12,7 @@ Clock: both clocks start after the step-0 evaluation of the warm model and *incl
 (and agentrl's checkpoint saves), since agentrl's ``elapsed_s`` does; start-up (engines, Ray, TRL's trainer
 construction) is excluded on both sides. TRL's own time spent evaluating is also reported separately.
 
-Matched settings: 8 prompts x 8 generations per optimizer step, temperature 1, lr 1e-4 constant, Adam
+Matched settings, read from the config: prompts x generations per optimizer step, temperature, lr (constant), Adam
 (0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
 TRL), std-scaled group advantages, one optimizer step per batch, the same train tasks at each step, the same
 prompt text (checked). agentrl also drops zero-variance groups before the loss (TRL keeps them at advantage 0,
