@@ -106,18 +106,23 @@ def add_weight_routes(app: FastAPI, engine: Engine, *, read_json, error) -> None
         engine.weight_groups[spec.group_name] = group
         return {"success": True, "message": "Succeeded to initialize custom process group."}
 
-    @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(request: Request):
-        from agentrl.engine.weight_group import BroadcastSpec, receive_broadcast
-
-        body = await read_json(request)
+    def group_request(body: dict, spec_type: Any) -> tuple[Any, Any]:
+        """The parsed body of a call that joins a group's broadcast, and that open group (400 otherwise)."""
         try:
-            spec = BroadcastSpec.parse(body)
+            spec = spec_type.parse(body)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         group = engine.weight_groups.get(spec.group_name)
         if group is None:
             raise BadRequest(f"no weights update group {spec.group_name!r}; call /init_weights_update_group first")
+        return spec, group
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        from agentrl.engine.weight_group import BroadcastSpec, receive_broadcast
+
+        body = await read_json(request)
+        spec, group = group_request(body, BroadcastSpec)
         prepare(body)
         try:
             # check before receiving, so a bad call fails fast instead of in the middle of the broadcast
@@ -191,13 +196,7 @@ def add_weight_routes(app: FastAPI, engine: Engine, *, read_json, error) -> None
         from agentrl.engine.weight_group import PayloadSpec, receive_bytes
 
         body = await read_json(request)
-        try:
-            spec = PayloadSpec.parse(body)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        group = engine.weight_groups.get(spec.group_name)
-        if group is None:
-            raise BadRequest(f"no weights update group {spec.group_name!r}; call /init_weights_update_group first")
+        spec, group = group_request(body, PayloadSpec)
         # Receive before judging the payload: rank 0 is already broadcasting, and an engine that left
         # the collective would stall it (and every other engine) until the group timeout.
         try:
