@@ -32,6 +32,7 @@ class WarmupSection(_Section):
     target_accuracy: float = 0.3
     max_minutes: float = 4.0
     num_conversations: int = 4000
+    stop_nearest_target: bool = Field(True, description="keep the step before the crossing if it measures nearer")
 
 
 class RolloutSection(_Section):

@@ -90,7 +90,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
 
     config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, check_every=w.check_every,
                           eval_every=w.eval_every, target_accuracy=w.target_accuracy, max_minutes=w.max_minutes,
-                          seed=cfg.seed)
+                          stop_nearest_target=w.stop_nearest_target, seed=cfg.seed)
     result = supervised_warmup(base, out, expert_chats(tasks), evaluate, config, progress=progress,
                                heldout=expert_chats(heldout))
     bar.close()

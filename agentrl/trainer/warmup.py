@@ -9,7 +9,10 @@ the phase stops on measured accuracy, never on time. Two measurements. The cheap
 every assistant token is the greedy argmax under teacher forcing (one batched forward; for an
 environment that answers deterministically this is greedy-rollout accuracy). The real one,
 ``evaluate(saved_dir)``, runs once the cheap one reaches the target (and every ``eval_every`` steps)
-and decides when to stop.
+and decides when to stop. Because one step can jump from well below the target to well above it
+(0.265 → 0.41 for a 0.3 target here), ``stop_nearest_target`` keeps the weights of the last checked step
+before the crossing and, if its check is nearer the target, evaluates it for real and keeps whichever of
+the two measured nearer.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class WarmupConfig:
     eval_every: int = 100  # real evaluation even while the check is below target
     target_accuracy: float = 0.3
     max_minutes: float = 0.0  # > 0: also stop at the first real evaluation after this much wall time
+    stop_nearest_target: bool = True  # of the crossing model and the one checked before it, keep the nearer
     seed: int = 0
 
 
@@ -117,6 +121,7 @@ def supervised_warmup(
     pad = tokenizer.pad_token_id
     history: list[dict[str, float]] = []
     accuracy, check, step, last_eval = 0.0, 0.0, 0, 0
+    below: tuple[int, float, dict[str, Any]] | None = None  # (step, check, weights) of the last check under target
     deadline = time.monotonic() + cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
     for step in range(1, cfg.max_steps + 1):
         input_ids, attention, labels = _batch(rng.sample(train_rows, min(cfg.batch_size, len(train_rows))), pad)
@@ -127,6 +132,8 @@ def supervised_warmup(
         record: dict[str, float] = {"warmup_step": step, "warmup_loss": loss.item()}
         if heldout_rows and (step % cfg.check_every == 0 or check > 0):
             check = record["warmup_check_accuracy"] = teacher_forced_accuracy(model, heldout_rows, pad)
+            if cfg.stop_nearest_target and 0 < check < cfg.target_accuracy:
+                below = (step, check, {k: v.detach().clone() for k, v in model.state_dict().items()})
         due = step % cfg.eval_every == 0 or step == cfg.max_steps or time.monotonic() > deadline
         promising = record.get("warmup_check_accuracy", 0.0) >= cfg.target_accuracy
         if due or (promising and step - last_eval >= cfg.check_every):  # a failed real eval is not redone at once
@@ -138,5 +145,34 @@ def supervised_warmup(
         if progress and len(record) > 2:
             progress(record)
         if "eval_accuracy" in record and (accuracy >= cfg.target_accuracy or time.monotonic() > deadline):
+            if accuracy >= cfg.target_accuracy and below is not None and below[0] == step - 1:
+                step, accuracy = _keep_nearer(model, tokenizer, out, evaluate, cfg.target_accuracy, below,
+                                              (step, accuracy), history, progress)
             break
     return WarmupResult(steps=step, accuracy=accuracy, history=history)
+
+
+def _keep_nearer(model, tokenizer, out: Path, evaluate: Callable[[Path], float], target: float,
+                 below: tuple[int, float, dict[str, Any]], above: tuple[int, float],
+                 history: list[dict[str, float]], progress: Callable[[dict[str, float]], None] | None,
+                 ) -> tuple[int, float]:
+    """Evaluate the weights checked just under ``target`` if their check is nearer it than ``above``'s real
+    accuracy; leave saved in ``out`` whichever measured nearer. Returns its (step, accuracy)."""
+    step, check, weights = below
+    if abs(check - target) >= abs(above[1] - target):
+        return above
+    crossing = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)
+    model.save_pretrained(out, safe_serialization=True)
+    accuracy = evaluate(out)
+    record = {"warmup_step": above[0], "warmup_kept_step": step, "warmup_check_accuracy": check,
+              "eval_accuracy": accuracy}
+    if abs(accuracy - target) < abs(above[1] - target):
+        history.append(record)
+        if progress:
+            progress(record)
+        return step, accuracy
+    model.load_state_dict(crossing)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return above

@@ -78,3 +78,50 @@ def test_warmup_budget_ends_with_a_real_evaluation(tiny, tmp_path):
                                heldout=chats(4, seed=1))
     assert result.steps == 1 and calls == [str(tmp_path / "warm")]
     assert (tmp_path / "warm" / "model.safetensors").exists()
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("below_measures, kept", [(0.26, "below"), (0.05, "above")])
+def test_the_step_before_an_overshooting_jump_is_kept_when_it_measures_nearer(tiny, tmp_path, below_measures, kept):
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.warmup import _keep_nearer
+
+    path, _, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    below = _weights(model)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(0.5)  # the "crossing" step's weights
+    above = _weights(model)
+    out = tmp_path / "warm"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+    def evaluate(saved):
+        loaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).model.embed_tokens.weight
+        return below_measures if torch.equal(loaded, below["model.embed_tokens.weight"]) else 0.41
+
+    history: list[dict] = []
+    step, accuracy = _keep_nearer(model, tokenizer, out, evaluate, 0.3, (213, 0.265, below), (214, 0.41), history, None)
+    saved = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).model.embed_tokens.weight
+    if kept == "below":
+        assert (step, accuracy) == (213, 0.26)
+        assert torch.equal(saved, below["model.embed_tokens.weight"])
+        assert history == [{"warmup_step": 214, "warmup_kept_step": 213, "warmup_check_accuracy": 0.265,
+                            "eval_accuracy": 0.26}]
+    else:  # the earlier weights measured farther from the target than the crossing ones: those stay
+        assert (step, accuracy) == (214, 0.41)
+        assert torch.equal(saved, above["model.embed_tokens.weight"]) and history == []
+
+
+def test_a_check_farther_from_the_target_costs_no_extra_evaluation(tiny, tmp_path):
+    from agentrl.trainer.warmup import _keep_nearer
+
+    path, model, tokenizer = tiny
+    calls: list[str] = []
+    result = _keep_nearer(model, tokenizer, tmp_path, lambda p: calls.append(p) or 0.0, 0.3,
+                          (99, 0.05, _weights(model)), (100, 0.33), [], None)
+    assert result == (100, 0.33) and calls == []
