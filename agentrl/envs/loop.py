@@ -172,9 +172,13 @@ async def run_episode(
             # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
             # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
             reply = {"role": "assistant", "content": text}
+            aborted = turn.finish_reason == "abort"
+            # Act before recording so the turn's metadata says whether any of its calls failed.
+            answers, ill_formed = ([], False) if aborted else await _act(env, parsed, text, metrics)
             outcome = manager.record_turn(
                 session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
-                metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors)},
+                metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors),
+                          "ill_formed": ill_formed},
             )
             drift[outcome] += 1
             messages.append(reply)
@@ -182,10 +186,10 @@ async def run_episode(
             metrics.generated_tokens += len(turn.output_ids)
             last_finish = turn.finish_reason
             finish[last_finish] += 1
-            if last_finish == "abort":
+            if aborted:
                 metrics.stop_reason = "abort"
                 break
-            messages.extend(await _act(env, parsed, text, metrics))
+            messages.extend(answers)
         reward = float(await maybe_await(env.reward()))
         metrics.reward = reward
         if metrics.stop_reason == "no_tool_call" and last_finish == "length":
@@ -213,8 +217,10 @@ async def run_episode(
                          metrics=metrics, messages=messages)
 
 
-async def _act(env: Environment, parsed: ParsedResponse, text: str, metrics: EpisodeMetrics) -> list[dict[str, Any]]:
-    """Tool messages answering the reply ``text`` (its calls' results and malformed-call errors)."""
+async def _act(env: Environment, parsed: ParsedResponse, text: str,
+               metrics: EpisodeMetrics) -> tuple[list[dict[str, Any]], bool]:
+    """Tool messages answering the reply ``text`` (its calls' results and malformed-call errors), and
+    whether the reply was ill-formed (a malformed call, or a call the environment refused)."""
     out: list[dict[str, Any]] = []
     ill_formed = bool(parsed.errors)
     for error in parsed.errors:
@@ -240,7 +246,7 @@ async def _act(env: Environment, parsed: ParsedResponse, text: str, metrics: Epi
             metrics.stop_reason = "no_tool_call"
     elif env.done:
         metrics.stop_reason = "done"
-    return out
+    return out, ill_formed
 
 
 def _token_budget(prompt_len: int, context: int | None, max_total: int | None) -> tuple[int | None, str]:

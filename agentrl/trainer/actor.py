@@ -40,6 +40,19 @@ from agentrl.weights.convert import (
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def _narrowed(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
+    """``after`` if each of its loss masks keeps a subset of ``before``'s trained tokens; else ValueError."""
+    after = list(after)
+    if len(after) != len(before):
+        raise ValueError(f"credit_fn returned {len(after)} samples for {len(before)}")
+    for i, (old, new) in enumerate(zip(before, after, strict=True)):
+        old_mask, new_mask = sample_field(old, "loss_mask"), sample_field(new, "loss_mask")
+        if len(new_mask) != len(old_mask) or any(n and not o for o, n in zip(old_mask, new_mask, strict=True)):
+            raise ValueError(f"credit_fn may only withhold training from tokens; sample {i}'s loss mask "
+                             "grew or changed length")
+    return after
+
+
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     out = rows[0].new_zeros(len(rows), width)
     for r, t in enumerate(rows):
@@ -84,6 +97,7 @@ class MegatronTrainer:
                 p.requires_grad_(False)
         self.advantage_fn = load_callable(cfg.advantage_fn)
         self.sample_filter = load_callable(cfg.sample_filter) if cfg.sample_filter else None
+        self.credit_fn = load_callable(cfg.credit_fn) if cfg.credit_fn else None
         self.step = 0
 
     # ------------------------------------------------------------------------------------------ construction
@@ -215,6 +229,11 @@ class MegatronTrainer:
             metrics_out["kl_reward_penalty"] = float((reward_t - adjusted).mean())
             reward_t = adjusted
         advantages = self.advantage_fn(reward_t, groups).tolist()
+        if self.credit_fn is not None:
+            before = sum(sum(sample_field(s, "loss_mask")) for s in samples)
+            samples = _narrowed(samples, self.credit_fn(samples, advantages))
+            metrics_out["credit_withheld_tokens"] = float(before - sum(sum(sample_field(s, "loss_mask"))
+                                                                       for s in samples))
 
         old_by_sample = self._per_sample(mbs, old, local)
         ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
@@ -253,7 +272,7 @@ class MegatronTrainer:
                 (loss * self.dp_size).backward()
                 w = float(mb.n_tokens)
                 token_weight += w
-                totals["loss"] = totals.get("loss", 0.0) + float(loss)
+                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                 for k, v in m.items():
                     if k != "pg_loss":
                         totals[k] = totals.get(k, 0.0) + float(v) * w

@@ -42,6 +42,7 @@ class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     advantage_fn: str = "agentrl.trainer.losses.grpo_advantages"  # (rewards, group_ids) -> advantages
     sample_filter: str | None = None  # (rewards, group_ids) -> kept indices, e.g. ...losses.drop_zero_variance_groups
+    credit_fn: str | None = None  # (samples, advantages) -> samples with loss masks only narrowed (trainer.credit)
     reward_key: str = "score"  # used when Sample.reward is a dict
     kl_in_reward: bool = False  # subtract loss.kl_coef * KL from rewards instead of adding KL to the loss
     ref_model_dir: str | None = None  # reference policy for KL; default: the initial model directory

@@ -212,3 +212,39 @@ def test_distributed_optimizer_matches_plain_adam_and_mini_batches_are_capped(ti
     capped = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, steps_per_batch=5))
     capped.train_step(samples)
     assert capped.scheduler.num_steps == 2
+
+
+def test_credit_fn_trains_exactly_like_the_narrowed_masks(tiny_dir):
+    """A credit rule's narrowed masks give the same update as samples that came with those masks."""
+    samples = synthetic_samples(n_groups=3, per_group=4, seed=5)
+    for s in samples:  # two turns per response; the first had an ill-formed call
+        start, n = s["response_start"], len(s["tokens"])
+        half = start + (n - start) // 2
+        s["provenance"] = [[0, start, "prompt", 0, None], [start, half, "model", 0, "0"], [half, n, "model", 1, "0"]]
+        s["metadata"] = {"turns": [0, 1], "turn_metadata": [{"ill_formed": True}, {"ill_formed": False}]}
+    rewards = [s["reward"] for s in samples]
+    groups = [s["group_id"] for s in samples]
+    from agentrl.trainer.losses import grpo_advantages
+
+    advantages = grpo_advantages(torch.tensor(rewards), groups).tolist()
+    by_hand = []
+    for s, a in zip(samples, advantages, strict=True):
+        mask = list(s["loss_mask"])
+        if a > 0:
+            first_turn = (len(s["tokens"]) - s["response_start"]) // 2
+            mask[:first_turn] = [0] * first_turn
+        by_hand.append({**s, "loss_mask": mask})
+    withheld = sum(sum(s["loss_mask"]) for s in samples) - sum(sum(s["loss_mask"]) for s in by_hand)
+    assert withheld > 0
+
+    rule = "agentrl.trainer.credit.withhold_positive_credit_from_ill_formed_turns"
+    credited = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-2, credit_fn=rule))
+    metrics = credited.train_step(samples)
+    assert metrics["credit_withheld_tokens"] == withheld
+    reference = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-2))
+    reference.train_step(by_hand)
+    plain = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-2))
+    plain.train_step(samples)
+    ref = dict(reference.export_hf_named_tensors())
+    assert all(torch.equal(w, ref[n]) for n, w in credited.export_hf_named_tensors())
+    assert not all(torch.equal(w, ref[n]) for n, w in plain.export_hf_named_tensors())
