@@ -12,7 +12,8 @@ Clock: both clocks start after the step-0 evaluation of the warm model and *incl
 (and agentrl's checkpoint saves), since agentrl's ``elapsed_s`` does; start-up (engines, Ray, TRL's trainer
 construction) is excluded on both sides. TRL's own time spent evaluating is also reported separately.
 
-Matched settings, read from the config: prompts x generations per optimizer step, temperature, lr (constant), Adam
+Matched settings, read from the config: prompts x generations per optimizer step, temperature, the LR schedule
+(Megatron's warm-up and decay, step for step: ``megatron_lr_factor``), Adam
 (0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
 TRL), std-scaled group advantages, one optimizer step per batch, the same train tasks at each step, the same
 prompt text (checked). agentrl also drops zero-variance groups before the loss (TRL keeps them at advantage 0,
@@ -209,7 +210,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
         # completion, so the per-turn cap goes into every generate call and the total gets one cap per turn.
         generation_kwargs={"max_new_tokens": r.max_new_tokens},
         max_completion_length=r.max_new_tokens * env_cls.max_turns, max_tool_calling_iterations=env_cls.max_turns - 1,
-        learning_rate=cfg.trainer.get("lr", 1e-4), lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        learning_rate=cfg.trainer.get("lr", 1e-4), weight_decay=0.0,  # schedule: megatron_lr_factor
         max_grad_norm=1.0, beta=loss["kl_coef"], epsilon=loss["eps_clip"], epsilon_high=loss["eps_clip_high"],
         loss_type="dapo", scale_rewards="group", gradient_checkpointing=False,  # agentrl: recompute off
     )
@@ -247,9 +248,12 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
                 control.should_training_stop = True
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, megatron_lr_factor(cfg.trainer))
     try:
         trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                              environment_factory=adapter, callbacks=[Clock()])
+                              environment_factory=adapter, callbacks=[Clock()], optimizers=(optimizer, schedule))
         trainer.train()
     finally:
         evaluate.close()
@@ -260,6 +264,31 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
                          "per_device_train_batch_size": per_step, "num_generations": args.num_generations,
                          "beta": args.beta, "epsilon": args.epsilon, "epsilon_high": args.epsilon_high,
                          "loss_type": args.loss_type, "learning_rate": args.learning_rate}}
+
+
+def megatron_lr_factor(trainer: dict[str, Any]):
+    """LambdaLR factor giving TRL's k-th optimizer step the LR agentrl's Megatron scheduler gives its k-th:
+    linear warm-up from 0 over ``lr_warmup_steps``, then constant, linear or cosine down to ``min_lr`` at
+    ``lr_decay_steps`` (Megatron's ``OptimizerParamScheduler.get_lr``)."""
+    import math
+
+    lr, min_lr = trainer.get("lr", 1e-4), trainer.get("min_lr", 0.0)
+    warmup, style = trainer.get("lr_warmup_steps", 0), trainer.get("lr_decay_style", "constant")
+    decay = max(trainer.get("lr_decay_steps") or 10**9, warmup + 1)
+
+    def factor(last_epoch: int) -> float:
+        k = last_epoch + 1  # LambdaLR counts from 0 before the first step
+        if warmup and k <= warmup:
+            return k / warmup
+        if style == "constant":
+            return 1.0
+        if k > decay:
+            return min_lr / lr
+        ratio = (k - warmup) / (decay - warmup)
+        coeff = 1.0 - ratio if style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        return (min_lr + coeff * (lr - min_lr)) / lr
+
+    return factor
 
 
 # ------------------------------------------------------------------------------------------------- report
