@@ -276,14 +276,16 @@ class MegatronTrainer:
                 for k, v in m.items():
                     if k != "pg_loss":
                         totals[k] = totals.get(k, 0.0) + float(v) * w
+            # Scheduler first: optimizer step n runs at lr(n), so a warm-up's first step is not at lr(0) = 0.
+            self.scheduler.step(increment=1)
+            lr = float(self.optimizer.param_groups[0]["lr"])
             with cuda_to_cpu():
                 self.model.finish_grad_sync()
                 _, grad_norm, _ = self.optimizer.step()
-            self.scheduler.step(increment=1)
         self.step += 1
         metrics_out.update(self._reduce_metrics(totals, token_weight))
         metrics_out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-        metrics_out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics_out["lr"] = lr
         metrics_out["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
         metrics_out["step"] = float(self.step)
         return metrics_out

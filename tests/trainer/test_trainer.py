@@ -248,3 +248,15 @@ def test_credit_fn_trains_exactly_like_the_narrowed_masks(tiny_dir):
     ref = dict(reference.export_hf_named_tensors())
     assert all(torch.equal(w, ref[n]) for n, w in credited.export_hf_named_tensors())
     assert not all(torch.equal(w, ref[n]) for n, w in plain.export_hf_named_tensors())
+
+
+def test_the_first_warm_up_step_trains_at_a_nonzero_lr(tiny_dir):
+    """Optimizer step n runs at lr(n): with a 2-step warm-up, 5e-4 then 1e-3, and the first step moves weights."""
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, lr_warmup_steps=2, lr_decay_steps=4,
+                                                      lr_decay_style="linear", min_lr=1e-4))
+    before = dict(trainer.export_hf_named_tensors())
+    lrs = [trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=s))["lr"] for s in range(5)]
+    assert lrs == pytest.approx([5e-4, 1e-3, 5.5e-4, 1e-4, 1e-4])
+    trainer2 = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, lr_warmup_steps=2))
+    trainer2.train_step(synthetic_samples(n_groups=2, per_group=4, seed=0))
+    assert not all(torch.equal(w, before[n]) for n, w in trainer2.export_hf_named_tensors())
