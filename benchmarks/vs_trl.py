@@ -13,7 +13,7 @@ Clock: both clocks start after the step-0 evaluation of the warm model and *incl
 construction) is excluded on both sides. TRL's own time spent evaluating is also reported separately.
 
 Matched settings, read from the config: prompts x generations per optimizer step, temperature, the LR schedule
-(Megatron's warm-up and decay, step for step: ``megatron_lr_factor``), Adam
+(agentrl's Megatron scheduler, step for step: ``megatron_lr_factor``), Adam
 (0.9, 0.999), grad clip 1.0, KL coef 0.001 (k3 on both), clip eps 0.2 / 0.28, token-mean loss ('dapo' in
 TRL), std-scaled group advantages, one optimizer step per batch, the same train tasks at each step, the same
 prompt text (checked). agentrl also drops zero-variance groups before the loss (TRL keeps them at advantage 0,
@@ -267,26 +267,20 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
 
 
 def megatron_lr_factor(trainer: dict[str, Any]):
-    """LambdaLR factor giving TRL's k-th optimizer step the LR agentrl's Megatron scheduler gives its k-th:
-    linear warm-up from 0 over ``lr_warmup_steps``, then constant, linear or cosine down to ``min_lr`` at
-    ``lr_decay_steps`` (Megatron's ``OptimizerParamScheduler.get_lr``)."""
-    import math
+    """LambdaLR factor giving TRL's k-th optimizer step the LR agentrl's trainer gives its k-th: read from
+    the same Megatron scheduler (:func:`agentrl.trainer.actor.make_lr_scheduler`) over a dummy optimizer."""
+    import torch
 
-    lr, min_lr = trainer.get("lr", 1e-4), trainer.get("min_lr", 0.0)
-    warmup, style = trainer.get("lr_warmup_steps", 0), trainer.get("lr_decay_style", "constant")
-    decay = max(trainer.get("lr_decay_steps") or 10**9, warmup + 1)
+    from agentrl.trainer.actor import make_lr_scheduler
+    from agentrl.trainer.trainer_config import TrainerConfig
+
+    cfg = TrainerConfig(**trainer)
+    scheduler = make_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr), cfg)
+    group = scheduler.optimizer.param_groups[0]
 
     def factor(last_epoch: int) -> float:
-        k = last_epoch + 1  # LambdaLR counts from 0 before the first step
-        if warmup and k <= warmup:
-            return k / warmup
-        if style == "constant":
-            return 1.0
-        if k > decay:
-            return min_lr / lr
-        ratio = (k - warmup) / (decay - warmup)
-        coeff = 1.0 - ratio if style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
-        return (min_lr + coeff * (lr - min_lr)) / lr
+        scheduler.num_steps = last_epoch + 1  # LambdaLR counts from 0 before the first step
+        return scheduler.get_lr(group) / cfg.lr
 
     return factor
 

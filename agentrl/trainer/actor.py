@@ -40,6 +40,20 @@ from agentrl.weights.convert import (
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def make_lr_scheduler(optimizer: Any, cfg: TrainerConfig) -> Any:
+    """Megatron's ``OptimizerParamScheduler`` for ``cfg``'s LR warm-up and decay, stepped once per optimizer
+    step *before* it (so optimizer step n runs at ``get_lr()`` with ``num_steps == n``)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay = cfg.lr_decay_steps if cfg.lr_decay_steps is not None else 10**9
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.lr_warmup_steps, lr_decay_steps=max(decay, cfg.lr_warmup_steps + 1),
+        lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
+        wd_incr_steps=1, wd_incr_style="constant",
+    )
+
+
 def _narrowed(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     """``after`` if each of its loss masks keeps a subset of ``before``'s trained tokens; else ValueError."""
     after = list(after)
@@ -147,16 +161,7 @@ class MegatronTrainer:
             return get_megatron_optimizer(opt_config, [self.model])
 
     def _build_scheduler(self):
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        cfg = self.config
-        decay = cfg.lr_decay_steps if cfg.lr_decay_steps is not None else 10**9
-        return OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if cfg.lr_warmup_steps else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
-            lr_warmup_steps=cfg.lr_warmup_steps, lr_decay_steps=max(decay, cfg.lr_warmup_steps + 1),
-            lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
-            wd_incr_steps=1, wd_incr_style="constant",
-        )
+        return make_lr_scheduler(self.optimizer, self.config)
 
     # ------------------------------------------------------------------------------------------ forward
 

@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.trainer.batch import sample_field
-
-MODEL_SOURCE = "model"  # agentrl.trajectory.provenance.MODEL; only these tokens carry loss
+from agentrl.trajectory.provenance import MODEL  # only model tokens carry loss
 
 
 def _is_ill_formed(turn_meta: Mapping[str, Any] | None) -> bool:
@@ -49,7 +48,7 @@ def withhold_positive_credit_from_ill_formed_turns(samples: Sequence[Any], advan
         start = int(sample_field(sample, "response_start"))
         mask = list(sample_field(sample, "loss_mask"))
         for run_start, run_end, source, turn, *_ in _runs(sample_field(sample, "provenance")):
-            if source == MODEL_SOURCE and turn in bad:
+            if source == MODEL and turn in bad:
                 for i in range(max(run_start, start), run_end):
                     mask[i - start] = 0
         out.append(_replace_loss_mask(sample, mask))

@@ -133,12 +133,11 @@ def supervised_warmup(
         if heldout_rows and (step % cfg.check_every == 0 or check > 0):
             check = record["warmup_check_accuracy"] = teacher_forced_accuracy(model, heldout_rows, pad)
             if cfg.stop_nearest_target and 0 < check < cfg.target_accuracy:
-                below = (step, check, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                below = (step, check, _snapshot(model))
         due = step % cfg.eval_every == 0 or step == cfg.max_steps or time.monotonic() > deadline
         promising = record.get("warmup_check_accuracy", 0.0) >= cfg.target_accuracy
         if due or (promising and step - last_eval >= cfg.check_every):  # a failed real eval is not redone at once
-            model.save_pretrained(out, safe_serialization=True)
-            tokenizer.save_pretrained(out)
+            _save(model, tokenizer, out)
             accuracy = record["eval_accuracy"] = evaluate(out)
             last_eval = step
             history.append(record)
@@ -161,9 +160,9 @@ def _keep_nearer(model, tokenizer, out: Path, evaluate: Callable[[Path], float],
     step, check, weights = below
     if abs(check - target) >= abs(above[1] - target):
         return above
-    crossing = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    crossing = _snapshot(model)
     model.load_state_dict(weights)
-    model.save_pretrained(out, safe_serialization=True)
+    _save(model, tokenizer, out)
     accuracy = evaluate(out)
     record = {"warmup_step": above[0], "warmup_kept_step": step, "warmup_check_accuracy": check,
               "eval_accuracy": accuracy}
@@ -173,6 +172,14 @@ def _keep_nearer(model, tokenizer, out: Path, evaluate: Callable[[Path], float],
             progress(record)
         return step, accuracy
     model.load_state_dict(crossing)
+    _save(model, tokenizer, out)
+    return above
+
+
+def _snapshot(model) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _save(model, tokenizer, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    return above
