@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl.plugins import load_function as load_callable
 from agentrl.trainer.batch import MicroBatch, make_micro_batches, response_values, sample_field, sample_reward
 from agentrl.trainer.cpu_shims import cuda_to_cpu
 from agentrl.trainer.logprobs import token_logprobs, vocab_parallel_entropy
@@ -29,7 +30,7 @@ from agentrl.trainer.model import (
     unwrap,
 )
 from agentrl.trainer.parallel import init_model_parallel, tp_rank_size
-from agentrl.trainer.trainer_config import TrainerConfig, load_callable
+from agentrl.trainer.trainer_config import TrainerConfig
 from agentrl.weights.convert import (
     ModelShape,
     load_hf_config,

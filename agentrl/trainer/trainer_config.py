@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from agentrl.trainer.losses import LossConfig
 
@@ -63,14 +61,3 @@ class TrainerConfig:
     @property
     def needs_ref(self) -> bool:
         return self.loss.kl_coef > 0
-
-
-def load_callable(path: str) -> Callable[..., Any]:
-    """Resolve a dotted ``package.module.function`` path (the plug-in mechanism)."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{path!r} is not a dotted path like 'package.module.function'")
-    fn = getattr(importlib.import_module(module_name), attr, None)
-    if not callable(fn):
-        raise ValueError(f"{path!r} does not name a callable")
-    return fn

@@ -14,7 +14,6 @@ Plug in your own with a :class:`DriftPolicy` subclass instance or a dotted path 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 REALIGNED = "realigned"
@@ -97,16 +96,6 @@ def make_policy(policy: str | DriftPolicy, fork_threshold_tokens: int = 1024) ->
     """Resolve a policy name (``realign`` / ``fork`` / ``truncate``), a ``"module:Class"`` path or an instance."""
     if isinstance(policy, DriftPolicy):
         return policy
-    if not isinstance(policy, str):
-        raise TypeError(
-            f"policy must be a name, a 'module:Class' path or a DriftPolicy, got {type(policy).__name__}"
-        )
-    if policy in POLICIES:
-        return POLICIES[policy](fork_threshold_tokens)
-    if ":" in policy:
-        module_name, _, attr = policy.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
-        if not (isinstance(cls, type) and issubclass(cls, DriftPolicy)):
-            raise TypeError(f"{policy} is not a DriftPolicy subclass")
-        return cls(fork_threshold_tokens)
-    raise ValueError(f"unknown drift policy {policy!r}; expected one of {sorted(POLICIES)} or 'module:Class'")
+    from agentrl.plugins import resolve
+
+    return resolve(policy, POLICIES, what="drift policy", base=DriftPolicy)(fork_threshold_tokens)

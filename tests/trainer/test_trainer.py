@@ -179,7 +179,7 @@ def test_config_rejects_bad_values():
         TrainerConfig(temperature=0.0)
     with pytest.raises(ValueError, match="only optimizer='adam'"):
         TrainerConfig(use_distributed_optimizer=True, optimizer="sgd")
-    from agentrl.trainer.trainer_config import load_callable
+    from agentrl.plugins import load_function as load_callable
 
     with pytest.raises(ValueError):
         load_callable("nodots")
