@@ -206,8 +206,12 @@ def test_distributed_optimizer_matches_plain_adam_and_mini_batches_are_capped(ti
     want_w = dict(plain.export_hf_named_tensors())
     sharded = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, use_distributed_optimizer=True))
     got = sharded.train_step(samples)
-    assert got["loss"] == want["loss"] and got["grad_norm"] == want["grad_norm"]
-    assert all(torch.equal(w, want_w[n]) for n, w in sharded.export_hf_named_tensors())
+    assert got["loss"] == want["loss"]  # the same forward on the same weights in this process: bitwise
+    # The sharded norm sums per-shard partials: reduction order differs (measured 9e-8 relative).
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+    # Clipping scales by 1/grad_norm, so the update inherits that rounding; 1e-6 is 0.1% of an lr-sized step.
+    for n, w in sharded.export_hf_named_tensors():
+        torch.testing.assert_close(w, want_w[n], rtol=0, atol=1e-6, msg=n)
     # 5 requested mini-batches but only 2 samples: two optimizer steps, none on an empty mini-batch.
     capped = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, steps_per_batch=5))
     capped.train_step(samples)
