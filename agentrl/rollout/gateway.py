@@ -69,7 +69,7 @@ class Completion:
     finish: str
     turn: TurnRecord
     turn_index: int
-    outcome: str  # the trajectory manager's outcome: new / clean / realigned / forked / truncated / branched
+    outcome: str  # the trajectory manager's outcome: new / clean / realigned / forked / cut / branched
     malformed_calls: int
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED, Provenance, ProvenanceRun
+from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT, Provenance, ProvenanceRun
 from agentrl.trajectory.records import TurnRecord
 from agentrl.trajectory.sample import ABORTED, COMPLETED, TRUNCATED, Sample
 
@@ -31,7 +31,7 @@ class Chain:
 
     turns: list[int]
     divergences: list[int]
-    outcomes: list[str]  # per merged turn: new / branched / forked / clean / realigned / truncated
+    outcomes: list[str]  # per merged turn: new / branched / forked / clean / realigned / cut
     last: TurnRecord  # the last merged turn: the sample holds exactly last.prompt_ids + last.output_ids
     response_start: int
     lost_turns: list[int] = field(default_factory=list)  # turns dropped when a cut hit the first prompt
@@ -126,7 +126,7 @@ def assemble_sample(
         else:
             stop = min(previous_held, prompt_len, cap)
             if stop > d:
-                runs.append(ProvenanceRun(d, stop, REALIGNED, turn, None))
+                runs.append(ProvenanceRun(d, stop, REALIGNED_PROMPT, turn, None))
                 loss_mask += [0] * (stop - d)
                 logprobs += [0.0] * (stop - d)
             start, stop = max(d, previous_held), min(prompt_len, cap)

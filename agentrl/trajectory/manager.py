@@ -18,7 +18,7 @@ from agentrl.trajectory.records import TurnRecord
 from agentrl.trajectory.sample import Sample
 from agentrl.trajectory.tree import MessageTree, message_key
 
-# Per-turn outcomes (besides the drift outcomes realigned / truncated / forked):
+# Per-turn outcomes (besides the drift outcomes realigned / cut / forked):
 NEW = "new"  # the first turn of a session
 BRANCHED = "branched"  # a prompt that rewinds or branches off the message tree: a new sample
 CLEAN = "clean"  # the prompt extends the held tokens exactly
@@ -114,8 +114,8 @@ class TrajectoryManager:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counts since construction: turns per outcome (new / clean / branched / realigned / forked /
-        truncated) and, from emitted samples, ``samples``, ``turns_untrained`` and ``tokens_untrained``."""
+        """Counts since construction: turns per outcome (new / clean / branched / realigned / cut /
+        forked) and, from emitted samples, ``samples``, ``turns_untrained`` and ``tokens_untrained``."""
         out = dict.fromkeys(TURN_OUTCOMES, 0)
         out.update(samples=0, turns_untrained=0, tokens_untrained=0)
         out.update(self._stats)

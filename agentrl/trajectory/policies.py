@@ -2,9 +2,11 @@
 
 A policy sees a :class:`Drift` and returns one outcome:
 
-* ``REALIGNED`` / ``TRUNCATED`` — cut the held tokens at the divergence, continue the same sample from
+* ``REALIGNED`` / ``DRIFT_CUT`` — cut the held tokens at the divergence, continue the same sample from
   the new prompt (the tokens that replace held ones get source ``realigned``, loss mask 0). A turn whose
   output the cut lands *inside* is un-trained; turns wholly after the cut leave the sample.
+  ``REALIGNED`` names slime's bounded case (a short drift inside the latest response), ``DRIFT_CUT``
+  any other cut.
 * ``FORKED`` — leave the current sample as it is (every turn in it stays trained) and open a new sample
   from the new prompt.
 
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a policy decided for one drifting turn (turn outcomes, not sample statuses or token sources).
 REALIGNED = "realigned"
-TRUNCATED = "truncated"
+DRIFT_CUT = "cut"
 FORKED = "forked"
-DRIFT_OUTCOMES = (REALIGNED, TRUNCATED, FORKED)
+DRIFT_OUTCOMES = (REALIGNED, DRIFT_CUT, FORKED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,7 @@ class TruncatePolicy(DriftPolicy):
     name = "truncate"
 
     def decide(self, drift: Drift) -> str:
-        return TRUNCATED
+        return DRIFT_CUT
 
 
 POLICIES: dict[str, type[DriftPolicy]] = {

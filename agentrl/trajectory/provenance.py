@@ -14,8 +14,8 @@ from typing import NamedTuple, overload
 PROMPT = "prompt"  # the sample's first prompt (before response_start)
 CONTEXT = "context"  # later prompt tokens that were not held before: user / tool / system / template
 MODEL = "model"  # a recorded turn's output token at its sampled position
-REALIGNED = "realigned"  # a later prompt's tokens placed where held tokens drifted
-SOURCES = (PROMPT, CONTEXT, MODEL, REALIGNED)
+REALIGNED_PROMPT = "realigned"  # a later prompt's tokens placed where held tokens drifted
+SOURCES = (PROMPT, CONTEXT, MODEL, REALIGNED_PROMPT)
 
 
 class TokenProvenance(NamedTuple):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED
+from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT
 from agentrl.trajectory.records import TurnRecord
 from agentrl.trajectory.sample import Sample
 
@@ -96,7 +96,7 @@ def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord
         elif i >= prompt_len:
             source = MODEL
         elif k > 0 and i < len(full[k - 1]):
-            source = REALIGNED
+            source = REALIGNED_PROMPT
         else:
             source = CONTEXT
         expected_wv = rec.weight_version if source == MODEL else None

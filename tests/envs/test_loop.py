@@ -269,7 +269,7 @@ def test_tiny_model_episodes_verify(tokenizer, renderer, tiny_generate):
         for sample in episode.samples:
             assert_only_model_tokens_trained(sample, turns)
             assert sample.trained_tokens > 0
-    assert sum(manager.stats[k] for k in ("new", "clean", "realigned", "forked", "branched", "truncated")) == 4
+    assert sum(manager.stats[k] for k in ("new", "clean", "realigned", "forked", "branched", "cut")) == 4
 
 
 def test_generate_rollout_rejects_bad_sizes(tokenizer, renderer):

@@ -151,7 +151,7 @@ def test_tool_call_turns_round_trip_clean_and_only_model_tokens_train(served, to
 
 
 @pytest.mark.parametrize(("policy", "outcome", "n_samples"),
-                         [("realign", "realigned", 1), ("fork", "forked", 2), ("truncate", "truncated", 1)])
+                         [("realign", "realigned", 1), ("fork", "forked", 2), ("truncate", "cut", 1)])
 def test_replayed_tool_calls_that_re_render_differently_drift_per_policy(served, policy, outcome, n_samples):
     # The model wrote compact JSON; the template renders the echoed tool_calls with spaces: the next prompt
     # does not extend what was sampled, inside the latest response.

@@ -111,7 +111,7 @@ def test_demo_shows_the_contract():
     rows = {tuple(line.split()[2:4]): line for line in lines if line.startswith("drifting episode")}
     assert "new, clean, realigned" in rows[("realign", "1024")] and "32/52" in rows[("realign", "1024")]
     assert "new, clean, forked" in rows[("fork", "1024")] and "52/52" in rows[("fork", "1024")]
-    assert "new, clean, truncated" in rows[("truncate", "1024")]
+    assert "new, clean, cut" in rows[("truncate", "1024")]
     assert "new, clean, forked" in rows[("realign", "4")]
     assert "<<< drift: turn 2 re-rendered from here (realigned)" in report
     (sample,) = samples

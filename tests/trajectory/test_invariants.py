@@ -165,7 +165,7 @@ def test_realign_policy_only_realigns_inside_the_latest_response(data):
     session = simulate(data, manager)
     samples = manager.get_trajectory("s")
     for s in samples:
-        assert "truncated" not in s.metadata["outcomes"]
+        assert "cut" not in s.metadata["outcomes"]
         for point in s.metadata["drift_points"]:
             assert point["outcome"] == "realigned"
             k = s.metadata["turns"].index(point["turn"])

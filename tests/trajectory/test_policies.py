@@ -87,7 +87,7 @@ DRIFT_LATEST = P1 + [99] + [21, 1]
         ("realign", 1024, "realigned", 1, [[0, 2]]),
         ("realign", 1, "forked", 2, [[0, 1], [2]]),  # 2 drifted tokens > threshold 1
         ("fork", 1024, "forked", 2, [[0, 1], [2]]),
-        ("truncate", 1024, "truncated", 1, [[0, 2]]),
+        ("truncate", 1024, "cut", 1, [[0, 2]]),
     ],
 )
 def test_drift_inside_latest_response(policy, threshold, outcome, n_samples, trained):
@@ -118,7 +118,7 @@ DRIFT_EARLIER = P0 + [10, 98] + [20, 1] + O1 + [21, 1]
         ("realign", "forked", [[0, 1], [2]], 7),
         ("fork", "forked", [[0, 1], [2]], 7),
         # truncate: the cut lands inside turn 0 (un-trained); turn 1 lies wholly after it (lost).
-        ("truncate", "truncated", [[2]], 2),
+        ("truncate", "cut", [[2]], 2),
     ],
 )
 def test_drift_inside_an_earlier_response(policy, outcome, trained, tokens_trained):
@@ -141,7 +141,7 @@ def test_drift_inside_the_first_prompt():
         got, samples = _three_turns(policy, drift_prompt)
         assert len(samples) == n
         if policy == "truncate":
-            assert got == "truncated"
+            assert got == "cut"
             assert samples[0].metadata["lost_turns"] == [0, 1]
             assert samples[0].response_start == len(drift_prompt)
 

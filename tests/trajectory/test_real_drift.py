@@ -204,7 +204,7 @@ def test_drift_inside_the_latest_response_per_policy(tok, scenario):
     assert sum(map(sum, (s.loss_mask for s in samples))) == sum(len(r.output_ids) for r in records)
 
     outcomes, samples, _ = play(tok, turns, "truncate")
-    assert outcomes == ["new", "truncated"] and trained(samples) == [[1]]
+    assert outcomes == ["new", "cut"] and trained(samples) == [[1]]
 
 
 @pytest.mark.parametrize(
@@ -266,7 +266,7 @@ def test_reasoning_dropped_from_earlier_turns_drifts_inside_an_earlier_response(
     assert outcomes == ["new", "clean", "forked"] and trained(samples) == [[0, 1], [2]]
 
     outcomes, samples, _ = play(reasoning_tok, turns, "truncate")
-    assert outcomes == ["new", "clean", "truncated"] and trained(samples) == [[2]]
+    assert outcomes == ["new", "clean", "cut"] and trained(samples) == [[2]]
     (s,) = samples
     assert s.metadata["untrained_turns"] == [
         0,
