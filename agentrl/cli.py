@@ -11,14 +11,14 @@ import sys
 
 # name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("agentrl.trainer.main:main", "run GRPO end to end (rollout, Megatron training, weight sync)"),
+    "train": ("agentrl.run.cli:main", "run GRPO end to end (rollout, Megatron training, weight sync)"),
     "rollout": ("agentrl.rollout.commands:rollout_main", "rollout only: run episodes and save Samples as JSONL"),
     "eval": ("agentrl.rollout.commands:eval_main", "held-out accuracy of a model directory on an environment"),
     "serve": ("agentrl.rollout.serve:main", "embedded engines behind the smg router in one command"),
     "gateway": ("agentrl.rollout.gateway:main", "OpenAI-compatible /v1/chat/completions that records trajectories"),
     "sandbox": ("agentrl.sandbox.cli:main", "sandbox setup (dockerd + base image) and gc of orphaned containers"),
-    "check-logprobs": ("agentrl.trainer.check_logprobs:main", "engine vs Megatron log-prob agreement on sampled turns"),
-    "check-weight-sync": ("agentrl.trainer.check_weight_sync:main", "bitwise check of one weight-sync mode"),
+    "check-logprobs": ("agentrl.run.check_logprobs:main", "engine vs Megatron log-prob agreement on sampled turns"),
+    "check-weight-sync": ("agentrl.run.check_weight_sync:main", "bitwise check of one weight-sync mode"),
     "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 model + test tokenizer"),
     "dump": ("agentrl.trajectory.dump:main", "print samples aligned with loss mask and provenance"),
 }

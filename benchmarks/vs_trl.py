@@ -197,7 +197,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
     if rendered != expected:
         raise RuntimeError(f"TRL would render a different prompt:\n{rendered!r}\nagentrl:\n{expected!r}")
 
-    loss = {"kl_coef": 1e-3, "eps_clip": 0.2, "eps_clip_high": 0.28, **cfg.trainer.get("loss", {})}
+    loss = cfg.trainer.loss.model_dump()
     per_step = r.prompts_per_step * r.samples_per_prompt
     args = GRPOConfig(
         output_dir=str(scratch / "trl"), use_cpu=True, seed=cfg.seed, report_to="none", save_strategy="no",
@@ -210,11 +210,11 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
         # completion, so the per-turn cap goes into every generate call and the total gets one cap per turn.
         generation_kwargs={"max_new_tokens": r.max_new_tokens},
         max_completion_length=r.max_new_tokens * env_cls.max_turns, max_tool_calling_iterations=env_cls.max_turns - 1,
-        learning_rate=cfg.trainer.get("lr", 1e-4), weight_decay=0.0,  # schedule: megatron_lr_factor
+        learning_rate=cfg.trainer.lr, weight_decay=0.0,  # schedule: megatron_lr_factor
         max_grad_norm=1.0, beta=loss["kl_coef"], epsilon=loss["eps_clip"], epsilon_high=loss["eps_clip_high"],
         loss_type="dapo", scale_rewards="group", gradient_checkpointing=False,  # agentrl: recompute off
     )
-    settings = RolloutSettings(num_engines=r.num_engines, dtype=cfg.model.dtype, temperature=r.temperature,
+    settings = RolloutSettings(num_engines=r.num_engines, temperature=r.temperature,
                                max_new_tokens=r.max_new_tokens, concurrency=r.concurrency, policy=r.policy)
     evaluate = AgentrlEvaluator(model_dir, env_cls, settings, heldout, scratch)
     curve = [{"step": 0, "seconds": 0.0, "eval_accuracy": evaluate(None, "0")}]
@@ -266,15 +266,13 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
                          "loss_type": args.loss_type, "learning_rate": args.learning_rate}}
 
 
-def megatron_lr_factor(trainer: dict[str, Any]):
+def megatron_lr_factor(cfg: Any):
     """LambdaLR factor giving TRL's k-th optimizer step the LR agentrl's trainer gives its k-th: read from
     the same Megatron scheduler (:func:`agentrl.trainer.actor.make_lr_scheduler`) over a dummy optimizer."""
     import torch
 
     from agentrl.trainer.actor import make_lr_scheduler
-    from agentrl.trainer.trainer_config import TrainerConfig
 
-    cfg = TrainerConfig(**trainer)
     scheduler = make_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr), cfg)
     group = scheduler.optimizer.param_groups[0]
 
@@ -320,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(RESULTS), help="JSON to write (smoke runs: elsewhere)")
     args = p.parse_args(argv)
 
-    from agentrl.trainer.run_config import load_config
+    from agentrl.run.config import load_config
 
     overrides = ["--cache_dir", args.cache_dir] + (SINGLE_TURN if args.single_turn else [])
     if args.eval_tasks:

@@ -21,7 +21,8 @@ RANK = {
     "rollout": 3,
     "weights": 4,
     "trainer": 5,
-    "cli": 6,
+    "run": 6,
+    "cli": 7,
 }
 # Same-rank packages that must stay independent of each other.
 FORBIDDEN_SIDEWAYS = {("envs", "sandbox"), ("sandbox", "envs"), ("engine", "models"), ("models", "engine")}
@@ -58,7 +59,15 @@ def test_no_upward_imports(path: Path) -> None:
         assert (package, imported) not in FORBIDDEN_SIDEWAYS, f"{path}: {package} imports sibling {imported}"
 
 
-@pytest.mark.parametrize("module", ["agentrl", "agentrl.trajectory", "agentrl.envs", "agentrl.sandbox", "agentrl.cli"])
+def test_the_trainer_is_the_megatron_trainer_only() -> None:
+    # The run's orchestration lives in agentrl.run; the trainer sees samples and weights, nothing above.
+    allowed = {"trajectory", "weights", "trainer", "plugins", "settings"}  # the last two: stdlib + pydantic
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        assert set(_agentrl_imports(path)) <= allowed, f"{path} imports {set(_agentrl_imports(path)) - allowed}"
+
+
+@pytest.mark.parametrize("module", ["agentrl", "agentrl.trajectory", "agentrl.envs", "agentrl.sandbox", "agentrl.run",
+                                    "agentrl.cli"])
 def test_light_imports_do_not_pull_torch(module: str) -> None:
     code = f"import sys, {module}; heavy = [m for m in ('torch', 'transformers', 'ray', 'docker', 'megatron') if m in sys.modules]; print(heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

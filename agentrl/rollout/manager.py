@@ -14,22 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs import Environment, load_function
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.trajectory import Sample, TrajectoryManager
-
-
-@dataclass
-class RolloutSettings:
-    # "embedded" (agentrl.engine, CPU or CUDA) or "sglang" (real SGLang servers, CUDA; engine_args are
-    # passed to sglang.launch_server, e.g. ["--tp-size", "2", "--mem-fraction-static", "0.7"])
-    engine: str = "embedded"
-    num_engines: int = 2
-    dtype: str = "float32"
-    temperature: float = 1.0
-    max_new_tokens: int = 48
-    concurrency: int = 64
-    policy: str = "realign"
-    rollout_function: str | None = None
-    engine_args: Sequence[str] = ()
 
 
 @dataclass
@@ -42,7 +28,7 @@ class RolloutManager:
     """Start engines + router for ``model_dir``; run episodes of ``env_factory`` through them."""
 
     def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
-                 settings: RolloutSettings | None = None) -> None:
+                 settings: RolloutSettings | None = None, *, dtype: str = "float32") -> None:
         from transformers import AutoTokenizer
 
         from agentrl.envs.render import ChatRenderer
@@ -50,6 +36,7 @@ class RolloutManager:
         self.model_dir = str(model_dir)
         self.env_factory = env_factory
         self.settings = settings or RolloutSettings()
+        self.dtype = dtype  # the model's: engines serve the weights the trainer holds
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = ChatRenderer(tokenizer)
         self.max_context_tokens = _context_length(self.model_dir)
@@ -67,12 +54,12 @@ class RolloutManager:
             from agentrl.engine.launch import EngineProcess
 
             def make() -> Any:
-                return EngineProcess(self.model_dir, dtype=s.dtype, extra_args=s.engine_args)
+                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args)
         elif s.engine == "sglang":
             from agentrl.engine.sglang import SGLangProcess
 
             def make() -> Any:
-                return SGLangProcess(self.model_dir, dtype=s.dtype, sglang_args=s.engine_args)
+                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args)
         else:
             raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
         try:

@@ -7,7 +7,7 @@ whole groups, and each data-parallel rank then trains on its slice (sample ``i``
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,14 @@ import torch
 import torch.distributed as dist
 
 from agentrl.plugins import load_function as load_callable
-from agentrl.trainer.batch import MicroBatch, make_micro_batches, response_values, sample_field, sample_reward
+from agentrl.trainer.batch import (
+    MicroBatch,
+    make_micro_batches,
+    response_values,
+    sample_field,
+    sample_reward,
+    validate_sample,
+)
 from agentrl.trainer.cpu_shims import cuda_to_cpu
 from agentrl.trainer.logprobs import token_logprobs, vocab_parallel_entropy
 from agentrl.trainer.losses import kl_in_reward, policy_loss
@@ -79,11 +86,17 @@ class MegatronTrainer:
     """GRPO-family trainer over a megatron-core ``GPTModel`` loaded from a HF checkpoint directory."""
 
     def __init__(self, model_dir: str | Path | None, config: TrainerConfig | None = None, *,
-                 hf_config: Any = None) -> None:
+                 temperature: float = 1.0, hf_config: Any = None) -> None:
         """Load ``model_dir`` (a local HF checkpoint), or with ``model_dir=None`` build a random-init model
-        shaped by ``hf_config`` (benchmarks; the reference model is then a copy of the same init)."""
+        shaped by ``hf_config`` (benchmarks; the reference model is then a copy of the same init).
+
+        ``temperature``: the one the samples were drawn at; log-probs are of ``logits / temperature``, so
+        any other value makes the importance ratio wrong from the first token."""
         from megatron.core import parallel_state
 
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+        self.temperature = temperature
         self.config = cfg = config or TrainerConfig()
         if model_dir is None and hf_config is None:
             raise ValueError("give a model directory or, for a random-init model, hf_config")
@@ -111,7 +124,6 @@ class MegatronTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.advantage_fn = load_callable(cfg.advantage_fn)
-        self.sample_filter = load_callable(cfg.sample_filter) if cfg.sample_filter else None
         self.credit_fn = load_callable(cfg.credit_fn) if cfg.credit_fn else None
         self.step = 0
 
@@ -179,11 +191,13 @@ class MegatronTrainer:
     @torch.no_grad()
     def _logprobs_per_mb(self, model, mbs: list[MicroBatch]) -> list[torch.Tensor]:
         model.eval()
-        return [token_logprobs(self._forward(model, mb), mb.tokens, self.config.temperature) for mb in mbs]
+        return [token_logprobs(self._forward(model, mb), mb.tokens, self.temperature) for mb in mbs]
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Any]) -> list[list[float]]:
         """Log-probs of each sample's ``tokens[response_start:]`` under the current policy (input order)."""
+        for i, s in enumerate(samples):
+            validate_sample(s, i)
         out: list[list[float]] = [[] for _ in samples]
         mbs = self._micro_batches(samples)
         for mb, lp in zip(mbs, self._logprobs_per_mb(self.model, mbs), strict=True):
@@ -201,27 +215,33 @@ class MegatronTrainer:
         k = max(1, min(self.config.steps_per_batch, n_total // self.dp_size))
         return [indices[j::k] for j in range(k)]
 
+    def _skip(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Count a step that changes no weight (the LR schedule still advances, as for a taken step)."""
+        self.step += 1
+        self.scheduler.step(increment=1)
+        return {**metrics, "skipped": 1.0, "step": float(self.step)}
+
     def train_step(self, samples: Sequence[Any]) -> dict[str, float]:
-        """One GRPO update on the global batch ``samples``; returns averaged metrics."""
+        """One GRPO update on the global batch ``samples``; returns averaged metrics.
+
+        A batch whose every advantage is zero trains nothing and is skipped (``skipped: 1``), weights
+        unchanged; choosing which groups are worth training is the data buffer's group filter."""
         cfg = self.config
         samples = list(samples)
+        for i, s in enumerate(samples):
+            validate_sample(s, i)
         rewards = [sample_reward(s, cfg.reward_key) for s in samples]
         groups = [sample_field(s, "group_id") for s in samples]
-        metrics_out: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1)}
-        if self.sample_filter is not None:
-            keep = list(self.sample_filter(rewards, groups))
-            samples = [samples[i] for i in keep]
-            rewards = [rewards[i] for i in keep]
-            groups = [groups[i] for i in keep]
-        metrics_out["n_samples"] = float(len(samples))
-        if len(samples) < self.dp_size:
-            self.step += 1
-            self.scheduler.step(increment=1)
-            return {**metrics_out, "skipped": 1.0, "step": float(self.step)}
+        metrics_out: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1),
+                                         "n_samples": float(len(samples))}
+        reward_t = torch.tensor(rewards, dtype=torch.float32)
+        # With KL in the reward the advantages need the forward below; otherwise they are known now.
+        advantages = None if cfg.kl_in_reward else self.advantage_fn(reward_t, groups).tolist()
+        if len(samples) < self.dp_size or (advantages is not None and not any(advantages)):
+            return self._skip(metrics_out)
 
         local = self._local_indices(len(samples), self.dp_rank)
         local_samples = [samples[i] for i in local]
-        reward_t = torch.tensor(rewards, dtype=torch.float32)
 
         # Behaviour / reference log-probs before any update (one forward over the local slice).
         mbs = self._micro_batches(local_samples)
@@ -233,8 +253,7 @@ class MegatronTrainer:
                 raise ValueError("kl_in_reward needs loss.kl_coef > 0 (it sets the coefficient)")
             adjusted = self._rewards_with_kl(reward_t, mbs, old, ref, local)
             metrics_out["kl_reward_penalty"] = float((reward_t - adjusted).mean())
-            reward_t = adjusted
-        advantages = self.advantage_fn(reward_t, groups).tolist()
+            advantages = self.advantage_fn(adjusted, groups).tolist()
         if self.credit_fn is not None:
             before = sum(sum(sample_field(s, "loss_mask")) for s in samples)
             samples = _narrowed(samples, self.credit_fn(samples, advantages))
@@ -245,7 +264,7 @@ class MegatronTrainer:
         ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
 
         # With KL in the reward, the loss must not add it a second time.
-        loss_cfg = dataclasses.replace(cfg.loss, kl_coef=0.0) if cfg.kl_in_reward else cfg.loss
+        loss_cfg = cfg.loss.model_copy(update={"kl_coef": 0.0}) if cfg.kl_in_reward else cfg.loss
         totals: dict[str, float] = {}
         token_weight = 0.0
         for chunk_no, chunk in enumerate(self._minibatch_chunks(local, len(samples))):
@@ -263,10 +282,10 @@ class MegatronTrainer:
                 old_lp = _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
                 logits = self._forward(self.model, mb)
-                lp = token_logprobs(logits, mb.tokens, cfg.temperature)
+                lp = token_logprobs(logits, mb.tokens, self.temperature)
                 # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
                 with torch.set_grad_enabled(loss_cfg.entropy_coef != 0):
-                    entropy = vocab_parallel_entropy(logits, cfg.temperature)
+                    entropy = vocab_parallel_entropy(logits, self.temperature)
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(
                     lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,

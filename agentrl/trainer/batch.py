@@ -103,8 +103,6 @@ def collate(samples: Sequence[Any], index: Sequence[int], advantages: Sequence[f
             pad_id: int = 0) -> MicroBatch:
     """Pad ``samples[i] for i in index`` into a :class:`MicroBatch`."""
     rows = [samples[i] for i in index]
-    for i, s in zip(index, rows, strict=True):
-        validate_sample(s, i)
     lengths = [len(sample_field(s, "tokens")) for s in rows]
     width = max(lengths)
     b = len(rows)
@@ -129,9 +127,8 @@ def collate(samples: Sequence[Any], index: Sequence[int], advantages: Sequence[f
 def make_micro_batches(
     samples: Sequence[Any], max_tokens: int, advantages: Sequence[float] | None = None, pad_id: int = 0
 ) -> list[MicroBatch]:
-    """Validate, plan and collate ``samples`` into micro-batches of at most ``max_tokens`` padded tokens."""
-    for i, s in enumerate(samples):
-        validate_sample(s, i)
+    """Plan and collate ``samples`` (validated by the caller, once) into micro-batches of at most
+    ``max_tokens`` padded tokens."""
     lengths = [len(sample_field(s, "tokens")) for s in samples]
     return [collate(samples, plan, advantages, pad_id) for plan in plan_micro_batches(lengths, max_tokens)]
 

@@ -8,10 +8,13 @@ Names follow slime / verl where those exist (``eps_clip``, ``eps_clip_high``, ``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from pydantic import ConfigDict, Field, field_validator
+
+from agentrl.plugins import resolve
+from agentrl.settings import Settings
 
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]
 Normalization = Literal["token_mean", "seq_mean", "token_sum"]
@@ -48,19 +51,6 @@ def grpo_advantages(
 def dr_grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[object]) -> torch.Tensor:
     """Dr.GRPO advantages: group mean subtracted, no division by the std (plug-in for ``advantage_fn``)."""
     return grpo_advantages(rewards, group_ids, scale_by_std=False)
-
-
-def drop_zero_variance_groups(rewards: Sequence[float], group_ids: Sequence[object]) -> list[int]:
-    """Dynamic-sampling filter (DAPO): indices of samples whose group has more than one distinct reward.
-
-    Plug-in signature ``(rewards, group_ids) -> kept indices``; a trainer config names it by dotted path.
-    """
-    if len(rewards) != len(group_ids):
-        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
-    seen: dict[object, set[float]] = {}
-    for r, g in zip(rewards, group_ids, strict=True):
-        seen.setdefault(g, set()).add(float(r))
-    return [i for i, g in enumerate(group_ids) if len(seen[g]) > 1]
 
 
 # ---------------------------------------------------------------------------------------------- KL
@@ -190,21 +180,49 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, how: N
 # ---------------------------------------------------------------------------------------------- the combined loss
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    """Knobs of :func:`policy_loss` (defaults: GRPO with DAPO-style token-mean, no KL, no entropy)."""
+def token_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token log importance ratio ``log pi - log pi_old`` (PPO / GRPO)."""
+    return logprobs - old_logprobs
 
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    eps_clip_c: float | None = None
-    kl_coef: float = 0.0
-    kl_type: KLType = "low_var_kl"
-    entropy_coef: float = 0.0
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    gspo: bool = False
-    normalization: Normalization = "token_mean"
+
+def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """:func:`tis_weights` with the caps of ``cfg`` (the ``importance_weights="tis"`` plug-in)."""
+    return tis_weights(old_logprobs, rollout_logprobs, clip=cfg.tis_clip, clip_low=cfg.tis_clip_low)
+
+
+# Built-in names of the two loss plug-in points; a "module:attr" path to a user's function of the same
+# signature is accepted wherever a name is.
+LOG_RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio}
+IMPORTANCE_WEIGHTS = {"tis": truncated_is_weights}
+
+
+class LossConfig(Settings):
+    """Knobs of :func:`policy_loss` (defaults: GRPO with DAPO-style token-mean, no KL, no entropy).
+
+    Variants are plug-ins rather than flags: ``log_ratio`` ``(logprobs, old_logprobs, mask) -> [B, T]``
+    (``token`` or ``gspo``), ``importance_weights`` ``(old_logprobs, rollout_logprobs, cfg) -> [B, T]``
+    weights on the policy-gradient term, correcting for the sampler (``tis``, or None)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eps_clip: float = Field(0.2, description="PPO clip range below 1")
+    eps_clip_high: float | None = Field(None, description="clip range above 1 (DAPO clip-higher); None: eps_clip")
+    eps_clip_c: float | None = Field(None, description="dual-clip bound (> 1) for negative advantages")
+    kl_coef: float = Field(0.0, description="weight of the KL to the reference model (0: no reference model)")
+    kl_type: KLType = Field("low_var_kl", description="KL estimator")
+    entropy_coef: float = Field(0.0, description="entropy bonus weight")
+    log_ratio: str = Field("token", description="importance ratio: token, gspo, or module:attr")
+    importance_weights: str | None = Field(None, description="rollout correction: tis, None, or module:attr")
+    tis_clip: float = Field(2.0, description="upper cap of truncated IS weights")
+    tis_clip_low: float = Field(0.0, description="lower cap of truncated IS weights")
+    normalization: Normalization = Field("token_mean", description="token_mean, seq_mean or token_sum")
+
+    @field_validator("log_ratio", "importance_weights")
+    @classmethod
+    def _plugin_resolves(cls, value: str | None, info: Any) -> str | None:
+        if value is not None:
+            resolve(value, LOG_RATIOS if info.field_name == "log_ratio" else IMPORTANCE_WEIGHTS, what=f"loss.{info.field_name}")
+        return value
 
 
 def policy_loss(
@@ -231,22 +249,23 @@ def policy_loss(
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
-    log_ratio = gspo_log_ratio(logprobs, old_logprobs, mask) if cfg.gspo else None
+    log_ratio = resolve(cfg.log_ratio, LOG_RATIOS, what="loss.log_ratio")(logprobs, old_logprobs, mask)
     pg, clipped = ppo_clip_loss(
         logprobs, old_logprobs, advantages, eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high,
         eps_clip_c=cfg.eps_clip_c, log_ratio=log_ratio,
     )
     metrics: dict[str, torch.Tensor] = {}
-    if cfg.use_tis:
+    if cfg.importance_weights is not None:
         if rollout_logprobs is None:
-            raise ValueError("use_tis needs rollout_logprobs")
-        w = tis_weights(old_logprobs, rollout_logprobs, clip=cfg.tis_clip, clip_low=cfg.tis_clip_low)
+            raise ValueError(f"importance_weights={cfg.importance_weights!r} needs rollout_logprobs")
+        w = resolve(cfg.importance_weights, IMPORTANCE_WEIGHTS, what="loss.importance_weights")(
+            old_logprobs, rollout_logprobs, cfg)
         pg = pg * w
         metrics["tis_mean"] = reduce_tokens(w, mask).detach()
     loss = reduce_tokens(pg, mask, cfg.normalization, **counts)
     metrics["pg_loss"] = loss.detach()
     metrics["clip_frac"] = reduce_tokens(clipped, mask).detach()
-    ratio = (log_ratio if log_ratio is not None else logprobs - old_logprobs).exp()
+    ratio = log_ratio.exp()
     metrics["ratio_mean"] = reduce_tokens(ratio.detach(), mask)
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_type)

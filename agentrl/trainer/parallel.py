@@ -7,7 +7,6 @@ import os
 import torch
 import torch.distributed as dist
 
-from agentrl.engine.launch import free_port
 from agentrl.trainer.cpu_shims import apply_cpu_shims, seed_model_parallel_rng
 
 
@@ -22,9 +21,8 @@ def init_distributed() -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend)
     else:
-        dist.init_process_group(
-            backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0
-        )
+        # One rank needs no rendezvous: an in-process store, no port to race for.
+        dist.init_process_group(backend=backend, store=dist.HashStore(), world_size=1, rank=0)
 
 
 def init_model_parallel(tp_size: int = 1, seed: int = 1234) -> None:

@@ -1,62 +1,71 @@
-"""Trainer configuration (a dataclass: no validation framework needed for plain numbers and paths)."""
+"""``TrainerConfig``: every setting of :class:`~agentrl.trainer.actor.MegatronTrainer`, typed and validated
+at construction (an unknown key or a wrong type is an error naming it). The sampling temperature is not
+here: it belongs to the rollout and is handed to the trainer with the data it describes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
+from pydantic import Field, field_validator, model_validator
+
+from agentrl.plugins import load_function
+from agentrl.settings import Settings
 from agentrl.trainer.losses import LossConfig
 
 
-@dataclass
-class TrainerConfig:
-    """Everything :class:`~agentrl.trainer.actor.MegatronTrainer` needs besides the HF model directory."""
+class TrainerConfig(Settings):
+    """Parallelism, numerics, optimizer, schedule, batching and the GRPO plug-ins of one trainer."""
+
+    moved_keys: ClassVar[dict[str, str]] = {
+        "temperature": "the sampling temperature is set once, as rollout.temperature, and the trainer uses it",
+        "sample_filter": "which groups to train is the run's group_filter (the data buffer's)",
+    }
 
     # parallelism / numerics
-    tp_size: int = 1
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    attention: Literal["auto", "sdpa", "local", "te"] = "auto"
-    seed: int = 1234
-    recompute: bool = False  # full activation recomputation (memory for compute)
+    tp_size: int = Field(1, ge=1, description="tensor-parallel size")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter and compute dtype")
+    attention: Literal["auto", "sdpa", "local", "te"] = Field("auto", description="core attention backend")
+    seed: int = Field(1234, description="Megatron RNG seed")
+    recompute: bool = Field(False, description="full activation recomputation (memory for compute)")
     # optimizer + schedule (Megatron's Adam with decoupled weight decay, or plain SGD)
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_steps: int = 0
-    lr_decay_steps: int | None = None  # None: constant after warm-up
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = False
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer")
+    lr: float = Field(1e-6, gt=0, description="peak learning rate")
+    min_lr: float = Field(0.0, ge=0, description="learning rate at the end of the decay")
+    lr_warmup_steps: int = Field(0, ge=0, description="linear LR ramp from 0 over this many optimizer steps")
+    lr_decay_steps: int | None = Field(None, ge=1, description="decay length; None: constant after warm-up")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="LR decay shape")
+    weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay")
+    adam_beta1: float = Field(0.9, description="Adam beta1")
+    adam_beta2: float = Field(0.999, description="Adam beta2")
+    adam_eps: float = Field(1e-8, description="Adam epsilon")
+    clip_grad: float = Field(1.0, description="global gradient-norm clip")
+    use_distributed_optimizer: bool = Field(False, description="shard optimizer state over data-parallel ranks")
     # batching
-    max_tokens_per_microbatch: int = 8192
-    steps_per_batch: int = 1  # optimizer steps per train_step (PPO mini-batches)
-    pad_id: int = 0
+    max_tokens_per_microbatch: int = Field(8192, ge=1, description="padded tokens per forward/backward")
+    steps_per_batch: int = Field(1, ge=1, description="optimizer steps per train_step (PPO mini-batches)")
+    pad_id: int = Field(0, description="token id used for padding")
     # RL
-    temperature: float = 1.0  # the sampling temperature: log-probs are of logits / temperature
-    loss: LossConfig = field(default_factory=LossConfig)
-    advantage_fn: str = "agentrl.trainer.losses.grpo_advantages"  # (rewards, group_ids) -> advantages
-    sample_filter: str | None = None  # (rewards, group_ids) -> kept indices, e.g. ...losses.drop_zero_variance_groups
-    credit_fn: str | None = None  # (samples, advantages) -> samples with loss masks only narrowed (trainer.credit)
-    reward_key: str = "score"  # used when Sample.reward is a dict
-    kl_in_reward: bool = False  # subtract loss.kl_coef * KL from rewards instead of adding KL to the loss
-    ref_model_dir: str | None = None  # reference policy for KL; default: the initial model directory
-    old_logprobs: Literal["train", "rollout"] = "train"  # behaviour policy: a fresh forward, or the sampler's
+    loss: LossConfig = Field(default_factory=LossConfig, description="the policy loss and its variants")
+    advantage_fn: str = Field("agentrl.trainer.losses:grpo_advantages",
+                              description="(rewards, group_ids) -> advantages")
+    credit_fn: str | None = Field(None, description="(samples, advantages) -> samples, loss masks only narrowed")
+    reward_key: str = Field("score", description="the scalar read when Sample.reward is a dict")
+    kl_in_reward: bool = Field(False, description="subtract loss.kl_coef x KL from rewards, not add it to the loss")
+    ref_model_dir: str | None = Field(None, description="reference policy for KL; None: the initial model")
+    old_logprobs: Literal["train", "rollout"] = Field("train", description="behaviour policy: a fresh forward or the sampler's")
 
-    def __post_init__(self) -> None:
-        if isinstance(self.loss, dict):
-            self.loss = LossConfig(**self.loss)
-        if self.steps_per_batch < 1:
-            raise ValueError(f"steps_per_batch must be >= 1, got {self.steps_per_batch}")
-        if self.max_tokens_per_microbatch < 1:
-            raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}")
+    @field_validator("advantage_fn", "credit_fn")
+    @classmethod
+    def _plugin_loads(cls, path: str | None) -> str | None:
+        if path is not None:
+            load_function(path)
+        return path
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
         if self.use_distributed_optimizer and self.optimizer != "adam":
             raise ValueError("Megatron's distributed optimizer supports only optimizer='adam'")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        return self
 
     @property
     def needs_ref(self) -> bool:

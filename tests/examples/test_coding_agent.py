@@ -145,7 +145,7 @@ def test_expert_chat_renders_and_the_train_config_loads():
 
     from agentrl.envs import load_function
     from agentrl.envs.render import ChatRenderer
-    from agentrl.trainer.run_config import load_config
+    from agentrl.run.config import load_config
 
     cfg = load_config(REPO / "examples" / "coding_agent" / "train.yaml")
     env_cls, make, expert = (load_function(p) for p in (cfg.env, cfg.tasks, cfg.expert))

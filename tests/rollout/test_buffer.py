@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl.rollout.buffer import (
     DataBuffer,
@@ -65,3 +67,18 @@ def test_jsonl_round_trip(tmp_path) -> None:
 def test_has_reward_variance() -> None:
     assert has_reward_variance([_sample("a", 0.0), _sample("a", 1.0)])
     assert not has_reward_variance([_sample("a", 1.0), _sample("a", 1.0)])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 1.0])), min_size=1, max_size=30))
+def test_dynamic_sampling_keeps_exactly_mixed_groups(pairs):
+    # The one zero-variance filter (DAPO's dynamic sampling) is the buffer's default group filter.
+    buf = DataBuffer()
+    by_group: dict[int, list[Sample]] = {}
+    for g, r in pairs:
+        by_group.setdefault(g, []).append(_sample(str(g), r))
+    buf.add_groups(by_group.values())
+    kept = {s.group_id for s in buf.take()}
+    for g, _ in pairs:
+        distinct = {r for gg, r in pairs if gg == g}
+        assert (str(g) in kept) == (len(distinct) > 1)

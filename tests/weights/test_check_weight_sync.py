@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl.trainer.check_weight_sync import main
+from agentrl.run.check_weight_sync import main
 
 FIELDS = {"bitwise_equal", "bytes_sent", "full_bytes", "seconds", "weight_version"}
 

@@ -1,8 +1,9 @@
 """Ray actors of a run: one trainer actor per Megatron rank (in a placement group) and one rollout actor
-that owns the engines, the smg router and the agent loop.
+that owns the engines, the smg router, the agent loop and the data buffer.
 
 The classes are plain Python; :func:`remote` wraps them with ``ray.remote`` when a run starts, so this
-module imports without Ray and the classes are testable in-process.
+module imports without Ray and the classes are testable in-process. A batch travels once: the rollout
+actor returns its samples as an object in Ray's store, and every trainer rank reads that one object.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.launch import free_port
-from agentrl.rollout.buffer import save_samples_jsonl
-from agentrl.rollout.manager import RolloutBatch, RolloutManager, RolloutSettings
+from agentrl.plugins import load_function
+from agentrl.rollout.buffer import DataBuffer
+from agentrl.rollout.manager import RolloutManager
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.trajectory import MODEL, Sample
 
 
@@ -31,32 +33,43 @@ def unproven_trained_tokens(sample: Sample) -> int:
 class TrainerRank:
     """One Megatron rank: GRPO steps, weight export + sync to the engines, checkpoints."""
 
-    def __init__(self, model_dir: str, trainer_config: dict[str, Any], rank: int, world_size: int,
-                 master_port: int) -> None:
+    def __init__(self, model_dir: str, trainer_config: dict[str, Any], temperature: float, rank: int,
+                 world_size: int, master_port: int) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
         from agentrl.trainer.actor import MegatronTrainer
         from agentrl.trainer.trainer_config import TrainerConfig
 
         self.rank = rank
-        self.trainer = MegatronTrainer(model_dir, TrainerConfig(**trainer_config))
+        self.trainer = MegatronTrainer(model_dir, TrainerConfig.model_validate(trainer_config),
+                                       temperature=temperature)
         self._sync: Any = None
+        self._sync_target: tuple[str, list[str], dict[str, Any]] | None = None
+
+    def configure_sync(self, mode: str, engine_urls: list[str], options: dict[str, Any]) -> None:
+        """Where :meth:`sync_weights` sends to; set once per run (and again if the engines change)."""
+        self._sync_target = (mode, list(engine_urls), dict(options))
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
 
     def train(self, samples: list[Sample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
 
-    def sync_weights(self, mode: str, engine_urls: list[str], weight_version: str,
-                     options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    def sync_weights(self, weight_version: str) -> dict[str, Any] | None:
         """Every rank exports (TP shards are gathered collectively); rank 0 pushes to the engines."""
         named = self.trainer.export_hf_named_tensors()
         if self.rank != 0:
             for _ in named:
                 pass
             return None
-        from agentrl.weights.sync import make_sync
+        if self._sync is None:
+            from agentrl.weights.sync import make_sync
 
-        if self._sync is None or self._sync.engine_urls != list(engine_urls):
-            self._sync = make_sync(mode, engine_urls, **(options or {}))
+            if self._sync_target is None:
+                raise RuntimeError("configure_sync() before sync_weights()")
+            mode, urls, options = self._sync_target
+            self._sync = make_sync(mode, urls, **options)
         return self._sync.sync(named, weight_version).to_json()
 
     def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> str:
@@ -65,27 +78,46 @@ class TrainerRank:
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         return self.trainer.load_checkpoint(directory)
 
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
 
 class RolloutWorker:
-    """Engines + router + agent loop for one environment; Samples out, weights in (through the engines)."""
+    """Engines + router + agent loop + data buffer for one environment; batches out, weights in (through
+    the engines)."""
 
-    def __init__(self, model_dir: str, env_path: str, settings: dict[str, Any]) -> None:
-        from agentrl.envs import load_function
-
-        self.manager = RolloutManager(model_dir, load_function(env_path), RolloutSettings(**settings))
+    def __init__(self, model_dir: str, env_path: str, settings: dict[str, Any], *, dtype: str = "float32",
+                 group_filter: str = "agentrl.rollout.buffer:has_reward_variance", log_dir: str | None = None) -> None:
+        self.settings = RolloutSettings.model_validate(settings)
+        self.manager = RolloutManager(model_dir, load_function(env_path), self.settings, dtype=dtype,
+                                      log_dir=log_dir)
+        self.buffer = DataBuffer(load_function(group_filter))
         self.manager.start()
 
     def engine_urls(self) -> list[str]:
         return self.manager.engine_urls
 
-    async def rollout(self, tasks: list[Any], samples_per_task: int, dump_path: str | None = None) -> RolloutBatch:
-        batch = await self.manager.rollout(tasks, samples_per_task)
+    async def rollout(self, tasks: list[Any]) -> tuple[list[Sample], dict[str, float]]:
+        """Episodes of ``tasks`` into the buffer; returns the groups worth training (flat, whole groups
+        in order) and the rollout's metrics. Call with ``num_returns=2`` so the samples stay in Ray's
+        object store on their way to the trainer ranks."""
+        batch = await self.manager.rollout(tasks, self.settings.samples_per_prompt)
         samples = [s for g in batch.groups for s in g]
-        batch.metrics["rollout/unproven_trained_tokens"] = float(sum(map(unproven_trained_tokens, samples)))
-        batch.metrics["rollout/trained_tokens"] = float(sum(s.trained_tokens for s in samples))
-        if dump_path:
-            save_samples_jsonl(samples, dump_path)
-        return batch
+        self.buffer.add_groups(batch.groups)
+        metrics = {**batch.metrics,
+                   "rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, samples))),
+                   "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))}
+        kept = self.buffer.take()
+        metrics["train/groups_dropped"] = float(self.buffer.groups_dropped)
+        return kept, metrics
+
+    def buffer_state(self) -> dict[str, Any]:
+        return self.buffer.state_dict()
+
+    def load_buffer_state(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state)
 
     async def evaluate(self, tasks: list[Any]) -> dict[str, float]:
         return await self.manager.evaluate(tasks)
@@ -112,12 +144,14 @@ def remote(cls: type, **options: Any) -> Any:
     return ray.remote(**options)(cls)
 
 
-def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], n_ranks: int,
+def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], temperature: float, n_ranks: int,
                         use_gpu: bool = False) -> list[Any]:
     """One :class:`TrainerRank` actor per rank, packed in a placement group (1 CPU or GPU per bundle)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from agentrl.engine.launch import free_port
 
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = placement_group([bundle] * n_ranks, strategy="PACK")
@@ -126,6 +160,6 @@ def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], n
     actor_cls = remote(TrainerRank, num_cpus=1, num_gpus=1 if use_gpu else 0)
     return [
         actor_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)).remote(
-            str(model_dir), trainer_config, r, n_ranks, port)
+            str(model_dir), trainer_config, temperature, r, n_ranks, port)
         for r in range(n_ranks)
     ]

@@ -24,21 +24,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
+from agentrl.settings import Settings
+
 Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]  # (messages, tools)
 Encoded = tuple[list[int], list[int]]  # (token ids, assistant mask)
 
 
-@dataclass
-class WarmupConfig:
-    lr: float = 3e-3
-    batch_size: int = 32
-    max_steps: int = 3000
-    check_every: int = 10  # teacher-forced held-out check (needs heldout conversations)
-    eval_every: int = 100  # real evaluation even while the check is below target
-    target_accuracy: float = 0.3
-    max_minutes: float = 0.0  # > 0: also stop at the first real evaluation after this much wall time
-    stop_nearest_target: bool = True  # of the crossing model and the one checked before it, keep the nearer
-    seed: int = 0
+class WarmupConfig(Settings):
+    """The ``warmup`` section: supervised fine-tuning on expert chats before RL (runs only when the run
+    names an ``expert``)."""
+
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
+    batch_size: int = Field(32, ge=1, description="conversations per step")
+    max_steps: int = Field(3000, ge=1, description="step cap (ends with a real evaluation)")
+    check_every: int = Field(10, ge=1, description="steps between teacher-forced held-out checks")
+    eval_every: int = Field(100, ge=1, description="steps between real evaluations while the check is below target")
+    target_accuracy: float = Field(0.3, ge=0, le=1, description="stop once a real evaluation reaches this")
+    max_minutes: float = Field(0.0, ge=0, description="> 0: also stop at the first real evaluation after this long")
+    num_conversations: int = Field(4000, ge=1, description="expert chats to train on")
+    stop_nearest_target: bool = Field(True, description="keep the step before the crossing if it measures nearer")
 
 
 @dataclass
@@ -90,6 +96,7 @@ def supervised_warmup(
     config: WarmupConfig | None = None,
     progress: Callable[[dict[str, float]], None] | None = None,
     heldout: Sequence[Conversation] = (),
+    seed: int = 0,
 ) -> WarmupResult:
     """Fine-tune ``model_dir`` on ``conversations``; save to ``out_dir`` before each real evaluation.
 
@@ -104,8 +111,8 @@ def supervised_warmup(
     from agentrl.envs.render import ChatRenderer
 
     cfg = config or WarmupConfig()
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     renderer = ChatRenderer(tokenizer)
 

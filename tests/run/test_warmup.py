@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from agentrl.envs.arithmetic import ArithmeticEnv, expert_messages, make_tasks  # noqa: E402
 from agentrl.envs.render import ChatRenderer  # noqa: E402
 from agentrl.models.tiny import make_tiny_model  # noqa: E402
-from agentrl.trainer.warmup import WarmupConfig, supervised_warmup, teacher_forced_accuracy  # noqa: E402
+from agentrl.run.warmup import WarmupConfig, supervised_warmup, teacher_forced_accuracy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def _weights(model):
 def test_the_step_before_an_overshooting_jump_is_kept_when_it_measures_nearer(tiny, tmp_path, below_measures, kept):
     from transformers import AutoModelForCausalLM
 
-    from agentrl.trainer.warmup import _keep_nearer
+    from agentrl.run.warmup import _keep_nearer
 
     path, _, tokenizer = tiny
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -118,7 +118,7 @@ def test_the_step_before_an_overshooting_jump_is_kept_when_it_measures_nearer(ti
 
 
 def test_a_check_farther_from_the_target_costs_no_extra_evaluation(tiny, tmp_path):
-    from agentrl.trainer.warmup import _keep_nearer
+    from agentrl.run.warmup import _keep_nearer
 
     path, model, tokenizer = tiny
     calls: list[str] = []

@@ -1,33 +1,15 @@
-"""What a run needs around the loop: the (cached) tiny base model, the (cached) supervised warm-up,
-the metrics log and the reward-curve plot."""
+"""The model directories a run starts from, each built once into the cache: the tiny base model (when no
+``model.path`` is given) and the supervised warm-up of it (when an ``expert`` is configured)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.trainer.run_config import RunConfig
-
-
-class MetricsLog:
-    """Append-only JSONL of metric rows, each stamped with wall time since the log was opened."""
-
-    def __init__(self, path: Path, append: bool = False) -> None:
-        self.path = path
-        self.started = time.monotonic()
-        if not append:
-            path.write_text("")
-
-    def write(self, row: dict[str, Any]) -> None:
-        row = {**row, "elapsed_s": round(time.monotonic() - self.started, 2)}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
-                 if k in ("step", "warmup_step", "warmup_check_accuracy", "eval_accuracy", "rollout/reward_mean", "train/kl", "sync/seconds")}
-        print(json.dumps(shown), flush=True)
+from agentrl.run.bookkeeping import MetricsLog
+from agentrl.run.config import RunConfig
 
 
 def _key(*parts: Any) -> str:
@@ -54,10 +36,10 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
     import ray
     from tqdm import tqdm
 
-    from agentrl.envs import load_function
-    from agentrl.trainer.warmup import WarmupConfig, supervised_warmup
+    from agentrl.plugins import load_function
+    from agentrl.run.warmup import supervised_warmup
 
-    if not cfg.warmup.enabled:
+    if not cfg.runs_warmup:
         return base
     w = cfg.warmup
     out = Path(cfg.cache_dir) / f"warm-{_key(str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.expert, w.model_dump(), cfg.seed)}"
@@ -88,35 +70,8 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
         if log:
             log.write(record)
 
-    config = WarmupConfig(lr=w.lr, batch_size=w.batch_size, max_steps=w.max_steps, check_every=w.check_every,
-                          eval_every=w.eval_every, target_accuracy=w.target_accuracy, max_minutes=w.max_minutes,
-                          stop_nearest_target=w.stop_nearest_target, seed=cfg.seed)
-    result = supervised_warmup(base, out, expert_chats(tasks), evaluate, config, progress=progress,
-                               heldout=expert_chats(heldout))
+    result = supervised_warmup(base, out, expert_chats(tasks), evaluate, w, progress=progress,
+                               heldout=expert_chats(heldout), seed=cfg.seed)
     bar.close()
     done.write_text(json.dumps({"steps": result.steps, "accuracy": result.accuracy, "history": result.history}))
     return out
-
-
-def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Reward per step and held-out accuracy per evaluation, from the metrics JSONL."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    steps = [(r["step"], r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r]
-    evals = [(r["step"], r["eval_accuracy"]) for r in rows if "step" in r and "eval_accuracy" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if steps:
-        ax.plot(*zip(*steps, strict=True), label="train reward (mean)", alpha=0.6)
-    if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy (greedy)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)

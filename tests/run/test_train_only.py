@@ -6,7 +6,7 @@ import json
 import random
 
 from agentrl.rollout.buffer import save_samples_jsonl
-from agentrl.trainer.main import main
+from agentrl.run.cli import main
 from agentrl.trajectory import Provenance, Sample, TokenProvenance
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agentrl.trainer.main import main
+from agentrl.run.cli import main
 
 pytestmark = pytest.mark.timeout(600)
 

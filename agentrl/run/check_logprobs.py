@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.trainer.actor import MegatronTrainer
     from agentrl.trainer.trainer_config import TrainerConfig
 
-    trainer = MegatronTrainer(args.model, TrainerConfig(dtype=args.dtype, temperature=args.temperature))
+    trainer = MegatronTrainer(args.model, TrainerConfig(dtype=args.dtype), temperature=args.temperature)
     result = compare(samples, trainer.compute_logprobs(samples))
     print(json.dumps(result), flush=True)
     if args.fail_above is not None and result["max_abs_diff"] > args.fail_above:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentrl.trainer import check_logprobs
+from agentrl.run import check_logprobs
 
 
 def test_engine_and_megatron_agree_on_sampled_multi_turn_tokens(tmp_path, capsys):

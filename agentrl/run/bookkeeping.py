@@ -1,0 +1,84 @@
+"""A run's records on disk: the metrics log, the checkpoint directory (names, ``latest``, rotation) and
+the reward-curve plot. The loop calls verbs; the file layout lives here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+# Metrics shown on the console per row; the file keeps every key.
+CONSOLE_KEYS = ("step", "warmup_step", "warmup_check_accuracy", "eval_accuracy", "rollout/reward_mean",
+                "train/skipped", "train/kl", "train/verify_refused", "sync/seconds")
+
+
+class MetricsLog:
+    """Append-only JSONL of metric rows, each stamped with wall time since the log was opened."""
+
+    def __init__(self, path: Path, append: bool = False) -> None:
+        self.path = path
+        self.started = time.monotonic()
+        if not append:
+            path.write_text("")
+
+    def write(self, row: dict[str, Any]) -> None:
+        row = {**row, "elapsed_s": round(time.monotonic() - self.started, 2)}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k in CONSOLE_KEYS}
+        print(json.dumps(shown), flush=True)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+class CheckpointDir:
+    """``checkpoints/step-N`` directories and the ``latest`` pointer; keeps the newest ``keep``."""
+
+    def __init__(self, root: Path, keep: int = 2) -> None:
+        self.root = root
+        self.keep = keep
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step}"
+
+    def latest(self) -> Path | None:
+        pointer = self.root / "latest"
+        return self.root / pointer.read_text().strip() if pointer.exists() else None
+
+    def mark_latest(self, step: int) -> None:
+        """Point ``latest`` at ``step`` atomically (a crash mid-save leaves the old pointer), then delete
+        all but the newest ``keep`` checkpoints."""
+        tmp = self.root / "latest.tmp"
+        tmp.write_text(self.path(step).name)
+        tmp.replace(self.root / "latest")
+        steps = sorted((p for p in self.root.glob("step-*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    """Reward per step and held-out accuracy per evaluation, from the metrics JSONL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    steps = [(r["step"], r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r]
+    evals = [(r["step"], r["eval_accuracy"]) for r in rows if "step" in r and "eval_accuracy" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if steps:
+        ax.plot(*zip(*steps, strict=True), label="train reward (mean)", alpha=0.6)
+    if evals:
+        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy (greedy)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)

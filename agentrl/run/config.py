@@ -1,0 +1,150 @@
+"""``RunConfig``: the whole configuration of ``agentrl train``, one typed model, loaded from YAML with every
+field overridable as ``--section.field value`` (``--rollout.num_engines 1 --steps 10 --trainer.lr 3e-5``).
+
+Each setting is declared once, in the section that owns it: ``rollout`` is the rollout layer's
+:class:`RolloutSettings`, ``trainer`` the trainer's :class:`TrainerConfig`, ``warmup`` the warm-up's
+:class:`WarmupConfig`. :func:`load_config` validates everything, plug-in paths included, before Ray or
+any engine starts; an unknown key names its section and the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from agentrl.plugins import load_function, resolve
+from agentrl.rollout.settings import RolloutSettings
+from agentrl.run.warmup import WarmupConfig
+from agentrl.settings import Settings
+from agentrl.trainer.trainer_config import TrainerConfig
+
+# Built-in weight-sync modes; a "module:Class" path to a user's WeightSync is accepted too. Names only
+# here (the classes import torch): the weights package checks its own table against this one in a test.
+SYNC_MODES = ("disk", "tensor", "broadcast", "delta")
+
+
+class ModelSection(Settings):
+    path: str | None = Field(None, description="local HF model dir; None builds the tiny test model")
+    seed: int = Field(0, description="init seed of the tiny model")
+    max_position_embeddings: int = Field(512, ge=16, description="context length of the tiny model")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of engines and trainer")
+
+
+class EvalSection(Settings):
+    every: int = Field(5, ge=1, description="GRPO steps between held-out evaluations (and checkpoints)")
+    num_tasks: int = Field(200, ge=1, description="held-out tasks, one greedy episode each")
+
+
+class RunConfig(Settings):
+    """Everything ``agentrl train`` needs. The defaults run a user's own environment: no expert (so no
+    warm-up), no task keyword arguments."""
+
+    moved_keys: ClassVar[dict[str, str]] = {"temperature": "set it as rollout.temperature"}
+
+    env: str = Field("agentrl.envs.arithmetic:ArithmeticToolEnv", description="module:Class of the Environment")
+    tasks: str = Field("agentrl.envs.arithmetic:make_tasks",
+                       description="module:function (n, *, seed, split, **task_kwargs) -> tasks; split is train or heldout")
+    task_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of tasks")
+    expert: str | None = Field(None, description="module:function task -> expert messages; set: supervised warm-up first")
+    output_dir: str = Field("runs/agentrl", description="metrics.jsonl, reward_curve.png, checkpoints/, logs/")
+    cache_dir: str = Field(".cache/agentrl", description="built and warmed-up models, reused across runs")
+    steps: int = Field(40, ge=0, description="GRPO steps")
+    max_minutes: float = Field(10.0, gt=0, description="GRPO wall-time budget; the run stops after the step that passes it")
+    loop: Literal["sync", "async"] = Field("sync", description="schedule: sync, or async (one step off-policy)")
+    sync_mode: str = Field("delta", description="weight sync: disk, tensor, broadcast, delta, or module:Class")
+    sync_options: dict[str, Any] = Field(default_factory=dict,
+                                         description='keyword arguments of the sender, e.g. {"transport": "broadcast"}')
+    seed: int = Field(0, description="seed of tasks, warm-up and sampling order")
+    group_filter: str = Field("agentrl.rollout.buffer:has_reward_variance",
+                              description="module:function group -> keep? (default: drop zero-variance groups)")
+    colocate: bool = Field(False, description="release engine memory while training (needs loop sync)")
+    trainer_ranks: int = Field(1, ge=1, description="Megatron ranks (Ray actors)")
+    model: ModelSection = Field(default_factory=ModelSection, description="the policy model")
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="supervised warm-up (when expert is set)")
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the Megatron trainer")
+    eval: EvalSection = Field(default_factory=EvalSection, description="held-out evaluation")
+
+    @field_validator("tasks", "group_filter")
+    @classmethod
+    def _function_loads(cls, path: str) -> str:
+        load_function(path)
+        return path
+
+    @field_validator("expert")
+    @classmethod
+    def _expert_loads(cls, path: str | None) -> str | None:
+        if path is not None:
+            load_function(path)
+        return path
+
+    @field_validator("env")
+    @classmethod
+    def _env_loads(cls, path: str) -> str:
+        from agentrl.envs import Environment
+
+        resolve(path, {}, what="env", base=Environment)
+        return path
+
+    @field_validator("sync_mode")
+    @classmethod
+    def _sync_mode_loads(cls, mode: str) -> str:
+        if mode not in SYNC_MODES:
+            resolve(mode, {}, what="sync_mode")
+        return mode
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> RunConfig:
+        if self.colocate and self.loop != "sync":
+            raise ValueError("colocate releases the engines during training; it needs loop='sync'")
+        return self
+
+    @property
+    def runs_warmup(self) -> bool:
+        return self.expert is not None
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+    tree[leaf] = value
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--rollout.num_engines", "1", "--trainer.loss.kl_coef", "0"]`` -> nested dict (JSON values,
+    else strings). Unknown names are rejected later by validation, with the field path in the message."""
+    tree: dict[str, Any] = {}
+    it = iter(args)
+    for flag in it:
+        if not flag.startswith("--") or len(flag) < 3:
+            raise ValueError(f"expected --section.field VALUE, got {flag!r}")
+        key, eq, value = flag[2:].partition("=")
+        if not eq:
+            value = next(it, None)
+            if value is None:
+                raise ValueError(f"{flag} needs a value")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        _set_dotted(tree, key.replace("-", "_"), parsed)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """Read YAML at ``path`` (optional), apply ``--section.field VALUE`` overrides, validate."""
+    import yaml
+
+    raw: dict = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
+    return RunConfig.model_validate(_merge(raw, parse_overrides(list(overrides))))

@@ -1,0 +1,47 @@
+"""The training schedules: each a screen of :class:`~agentrl.run.session.Run` verbs.
+
+Schedules differ only in *where they wait* for the next rollout batch (as in slime): ``sync`` generates
+batch t+1 after the weights of step t reached the engines; ``async`` (one step off) starts batch t+1
+before training on batch t and lets it finish before the sync, so every batch is sampled by exactly one
+weight version and is at most one step stale. A new schedule is a new function in :data:`SCHEDULES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from agentrl.run.config import RunConfig
+from agentrl.run.session import Run
+
+
+def train_sync(run: Run) -> None:
+    for step in run.steps():
+        batch = run.generate(step)
+        metrics = run.train(batch)
+        metrics |= run.update_weights(step + 1)
+        if run.end_step(step + 1, metrics):
+            break
+
+
+def train_one_step_off(run: Run) -> None:
+    pending = run.generate(run.first_step) if run.steps() else None
+    for step in run.steps():
+        batch = pending
+        pending = run.generate(step + 1) if step + 1 < run.steps().stop else None
+        metrics = run.train(batch)
+        run.wait(pending)  # the in-flight batch finishes on the weights it started with
+        metrics |= run.update_weights(step + 1)
+        if run.end_step(step + 1, metrics):
+            break
+
+
+SCHEDULES: dict[str, Callable[[Run], None]] = {"sync": train_sync, "async": train_one_step_off}
+
+
+def train(cfg: RunConfig, *, resume: bool = False) -> Path:
+    """Run ``cfg`` under its schedule; returns the output directory (metrics.jsonl, reward_curve.png,
+    checkpoints/, logs/)."""
+    with Run(cfg, resume=resume) as run:
+        SCHEDULES[cfg.loop](run)
+    return run.out

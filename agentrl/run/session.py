@@ -1,0 +1,175 @@
+"""``Run``: one training run's processes and records behind five verbs — :meth:`~Run.generate`,
+:meth:`~Run.train`, :meth:`~Run.update_weights`, :meth:`~Run.evaluate`, :meth:`~Run.save` — so that a
+schedule (:mod:`agentrl.run.loop`) is a screen of those verbs and nothing else.
+
+Behind the verbs: Ray start, the rollout actor (engines, router, agent loop, data buffer), the cached
+base and warm-up models, the trainer ranks and where they sync to, resume, metric rows, checkpoint names
+and rotation, memory release around training when colocated, and stopping every process on exit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.plugins import load_function
+from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, plot_curves
+from agentrl.run.config import RunConfig
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """A rollout in flight: Ray references to its samples (they go to the trainers without passing
+    through the driver) and its metrics."""
+
+    step: int
+    samples: Any
+    metrics: Any
+
+
+class Run:
+    """Use as a context manager: ``with Run(cfg, resume=...) as run: schedule(run)``."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = CheckpointDir(self.out / "checkpoints")
+        self.resume = resume and self.checkpoints.latest() is not None
+        self.log_dir = self.out / "logs"
+        self.make_tasks = load_function(cfg.tasks)
+        self.heldout = self.make_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", **cfg.task_kwargs)
+        self.log = MetricsLog(self.out / "metrics.jsonl", append=self.resume)
+        self.first_step = 0
+        self.rollout: Any = None
+        self.trainers: list[Any] = []
+        self._deadline = float("inf")
+
+    # ------------------------------------------------------------------------------------------ lifetime
+
+    def __enter__(self) -> Run:
+        import ray
+
+        from agentrl.run.actors import RolloutWorker, remote, start_trainer_group
+        from agentrl.run.models import base_model_dir, warm_model_dir
+
+        cfg = self.cfg
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.log_dir.mkdir(exist_ok=True)
+        print(f"agentrl train: output in {self.out}, process logs in {self.log_dir}", flush=True)
+        ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        try:
+            base = base_model_dir(cfg)
+            self.rollout = remote(RolloutWorker, num_cpus=0).remote(
+                str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.model.dtype,
+                group_filter=cfg.group_filter, log_dir=str(self.log_dir))
+            model_dir = warm_model_dir(cfg, base, self.rollout, self.heldout, None if self.resume else self.log)
+            self.trainers = start_trainer_group(model_dir, cfg.trainer.model_dump(), cfg.rollout.temperature,
+                                                cfg.trainer_ranks)
+            urls = ray.get(self.rollout.engine_urls.remote())
+            ray.get([t.configure_sync.remote(cfg.sync_mode, urls, cfg.sync_options) for t in self.trainers])
+            self._start(model_dir)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self, model_dir: Path) -> None:
+        """Resume from the latest checkpoint, or record step 0 (the starting model's evaluation) and
+        checkpoint it, so a crash in step 1 resumes without a new warm-up."""
+        import ray
+
+        if self.resume:
+            extra = ray.get([t.load_checkpoint.remote(str(self.checkpoints.latest())) for t in self.trainers])[0]
+            self.first_step = extra["step"]
+            ray.get(self.rollout.load_buffer_state.remote(extra["buffer"]))
+        self.update_weights(self.first_step)  # engines serve exactly the trainer's weights before any sample
+        if not self.resume:
+            self.log.write({"step": 0, "model_dir": str(model_dir), **self.evaluate()})
+            self.save(0)
+        self._deadline = time.monotonic() + self.cfg.max_minutes * 60
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
+        try:
+            if self.trainers:
+                ray.get([t.close.remote() for t in self.trainers])
+            if self.rollout is not None:
+                ray.get(self.rollout.shutdown.remote())
+        finally:
+            self.trainers, self.rollout = [], None
+            ray.shutdown()
+            if (self.out / "metrics.jsonl").exists():
+                plot_curves(self.out / "metrics.jsonl", self.out / "reward_curve.png")
+
+    def steps(self) -> range:
+        return range(self.first_step, self.cfg.steps)
+
+    # ------------------------------------------------------------------------------------------ the verbs
+
+    def generate(self, step: int) -> PendingBatch:
+        """Start the rollout of ``step``'s tasks (seeded by the step, so a resumed run draws the same)."""
+        cfg = self.cfg
+        tasks = self.make_tasks(cfg.rollout.prompts_per_step, seed=cfg.seed * 1_000_003 + step, split="train",
+                                **cfg.task_kwargs)
+        samples, metrics = self.rollout.rollout.options(num_returns=2).remote(tasks)
+        return PendingBatch(step, samples, metrics)
+
+    def train(self, batch: PendingBatch) -> dict[str, Any]:
+        """One GRPO step of every trainer rank on ``batch``; returns its rollout and training metrics."""
+        import ray
+
+        metrics = ray.get(batch.metrics)
+        if self.cfg.colocate:
+            ray.get(self.rollout.release_memory.remote())
+        started = time.perf_counter()
+        trained = ray.get([t.train.remote(batch.samples) for t in self.trainers])[0]
+        metrics.update({f"train/{k}": v for k, v in trained.items()})
+        metrics["train/seconds"] = time.perf_counter() - started
+        if self.cfg.colocate:
+            ray.get(self.rollout.resume_memory.remote())
+        return metrics
+
+    def update_weights(self, version: int) -> dict[str, float]:
+        """Send the trainer's weights to every engine as ``version``; the engines confirm it."""
+        import ray
+
+        report = ray.get([t.sync_weights.remote(str(version)) for t in self.trainers])[0]
+        return {"sync/seconds": report["seconds"], "sync/bytes_sent": report["bytes_sent"],
+                "sync/full_bytes": report["full_bytes"]}
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy held-out accuracy of the weights the engines serve."""
+        import ray
+
+        return ray.get(self.rollout.evaluate.remote(self.heldout))
+
+    def save(self, step: int) -> None:
+        """Checkpoint every rank and the data buffer as ``step``; point ``latest`` at it."""
+        import ray
+
+        state = {"step": step, "buffer": ray.get(self.rollout.buffer_state.remote())}
+        path = str(self.checkpoints.path(step))
+        ray.get([t.save_checkpoint.remote(path, state) for t in self.trainers])
+        self.checkpoints.mark_latest(step)
+
+    def wait(self, batch: PendingBatch | None) -> None:
+        """Block until ``batch``'s rollout finished (it then sampled only the weights it started on)."""
+        import ray
+
+        if batch is not None:
+            ray.wait([batch.metrics])
+
+    def end_step(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Record ``step``: evaluate and checkpoint when due (and always on the last step), write its
+        metric row. True when the run is over (step cap or time budget)."""
+        last = step >= self.cfg.steps or time.monotonic() > self._deadline
+        if step % self.cfg.eval.every == 0 or last:
+            metrics.update(self.evaluate())
+            self.save(step)
+        self.log.write({"step": step, **metrics})
+        return last

@@ -1,0 +1,42 @@
+"""``agentrl train --train-only SAMPLES.jsonl``: GRPO steps on saved Samples (``agentrl rollout
+--output``) through the same trainer actors, no engines: for debugging the trainer on fixed data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.plugins import load_function
+from agentrl.rollout.buffer import DataBuffer, load_samples_jsonl
+from agentrl.run.bookkeeping import MetricsLog
+from agentrl.run.config import RunConfig
+
+
+def train_from_samples(cfg: RunConfig, samples_path: str | Path) -> Path:
+    """Groups are taken ``rollout.prompts_per_step`` at a time, for at most ``steps`` steps."""
+    import ray
+
+    from agentrl.run.actors import start_trainer_group
+    from agentrl.run.models import base_model_dir
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(out / "metrics.jsonl")
+    groups: dict[str, list] = {}
+    for sample in load_samples_jsonl(samples_path):
+        groups.setdefault(str(sample.group_id), []).append(sample)
+    buffer = DataBuffer(load_function(cfg.group_filter))
+    buffer.add_groups(groups.values())
+    ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False)
+    try:
+        trainers = start_trainer_group(base_model_dir(cfg), cfg.trainer.model_dump(), cfg.rollout.temperature,
+                                       cfg.trainer_ranks)
+        step = 0
+        while len(buffer) and step < cfg.steps:
+            batch = ray.put(buffer.take(cfg.rollout.prompts_per_step))
+            metrics = ray.get([t.train.remote(batch) for t in trainers])[0]
+            step += 1
+            log.write({"step": step, "train/groups_dropped": buffer.groups_dropped,
+                       **{f"train/{k}": v for k, v in metrics.items()}})
+    finally:
+        ray.shutdown()
+    return out
