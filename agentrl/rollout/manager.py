@@ -7,6 +7,7 @@ loop is :func:`agentrl.envs.generate_rollout` unless a ``rollout_function`` dott
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,9 @@ from typing import Any
 
 from agentrl.envs import Environment, load_function
 from agentrl.rollout.settings import RolloutSettings
-from agentrl.trajectory import Sample, TrajectoryManager
+from agentrl.trajectory import Sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,10 +28,15 @@ class RolloutBatch:
 
 
 class RolloutManager:
-    """Start engines + router for ``model_dir``; run episodes of ``env_factory`` through them."""
+    """Start engines + router for ``model_dir``; run episodes of ``env_factory`` through them.
+
+    With ``log_dir`` every engine and the router log to ``log_dir/engine-<port>.log`` and
+    ``log_dir/router-<port>.log``; without it, to temp files.
+    """
 
     def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
-                 settings: RolloutSettings | None = None, *, dtype: str = "float32") -> None:
+                 settings: RolloutSettings | None = None, *, dtype: str = "float32",
+                 log_dir: str | Path | None = None) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.envs.render import ChatRenderer
@@ -36,6 +44,7 @@ class RolloutManager:
         self.model_dir = str(model_dir)
         self.env_factory = env_factory
         self.settings = settings or RolloutSettings()
+        self.log_dir = log_dir
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = ChatRenderer(tokenizer)
@@ -54,12 +63,12 @@ class RolloutManager:
             from agentrl.engine.launch import EngineProcess
 
             def make() -> Any:
-                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args)
+                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args, log_dir=self.log_dir)
         elif s.engine == "sglang":
             from agentrl.engine.sglang import SGLangProcess
 
             def make() -> Any:
-                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args)
+                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args, log_dir=self.log_dir)
         else:
             raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
         try:
@@ -68,7 +77,7 @@ class RolloutManager:
                 engine.start()
             for engine in self.engines:
                 engine.wait_healthy(timeout)
-            self.router = SmgRouter([e.url for e in self.engines]).start(timeout)
+            self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir).start(timeout)
         except BaseException:
             self.shutdown()
             raise
@@ -110,16 +119,20 @@ class RolloutManager:
     # -- episodes ------------------------------------------------------------------------------
 
     async def rollout(self, tasks: Sequence[Any], samples_per_task: int, *, temperature: float | None = None,
-                      max_new_tokens: int | None = None) -> RolloutBatch:
-        """Run ``samples_per_task`` episodes per task; return their GRPO groups and rollout metrics."""
+                      max_new_tokens: int | None = None, prove: bool = True) -> RolloutBatch:
+        """Run ``samples_per_task`` episodes per task; return their GRPO groups and rollout metrics.
+
+        ``prove``: re-prove every sample against its turn records and refuse what does not verify
+        (:mod:`agentrl.rollout.proof`); off only for evaluation, whose samples are never trained."""
         from agentrl.envs import generate_rollout
+        from agentrl.rollout.proof import RecordingTrajectoryManager, prove_groups
 
         play = load_function(self.settings.rollout_function) if self.settings.rollout_function else generate_rollout
         sampling = {
             "temperature": self.settings.temperature if temperature is None else temperature,
             "max_new_tokens": max_new_tokens or self.settings.max_new_tokens,
         }
-        manager = TrajectoryManager(policy=self.settings.policy)
+        manager = RecordingTrajectoryManager(policy=self.settings.policy)
         started = time.perf_counter()
         result = await play(
             self.env_factory, tasks, self.client().generate_turn, self.renderer,
@@ -137,11 +150,17 @@ class RolloutManager:
                 metrics[f"rollout/{key}"] = float(value)
         generated = sum(e.metrics.generated_tokens for e in result.episodes)
         metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
-        return RolloutBatch(groups=[g for g in groups if g], metrics=metrics)
+        groups = [g for g in groups if g]
+        if prove:
+            groups, proof, refusals = prove_groups(groups, manager.emitted)
+            metrics.update(proof)
+            for message in refusals:
+                log.warning("refused an unproven sample: %s", message)
+        return RolloutBatch(groups=groups, metrics=metrics)
 
     async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
         """Greedy held-out accuracy: mean reward of one episode per task at temperature 0."""
-        batch = await self.rollout(tasks, 1, temperature=0.0)
+        batch = await self.rollout(tasks, 1, temperature=0.0, prove=False)
         rewards = [g[0].reward for g in batch.groups]
         return {"eval_accuracy": sum(rewards) / max(len(tasks), 1), "eval_episodes": float(len(rewards))}
 
