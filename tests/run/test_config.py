@@ -112,3 +112,16 @@ def test_print_config_shows_the_resolved_config():
     resolved = json.loads(proc.stdout)
     assert proc.returncode == 0 and resolved["steps"] == 3 and resolved["trainer"]["loss"]["kl_coef"] == 0.001
     assert resolved["rollout"]["temperature"] == 0.7 and "temperature" not in resolved["trainer"]
+
+
+def test_the_config_reference_is_current_and_documents_every_field():
+    from pathlib import Path
+
+    from agentrl.run.reference import config_reference
+
+    text = config_reference()
+    assert Path("docs/config.md").read_text() == text, "regenerate: python -m agentrl.run.reference > docs/config.md"
+    undocumented = [line for line in text.splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert undocumented == []
+    for key in ("`trainer.lr`", "`trainer.loss.log_ratio`", "`rollout.temperature`", "`warmup.target_accuracy`"):
+        assert key in text
