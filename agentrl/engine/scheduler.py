@@ -50,7 +50,7 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None  # set last, when the result is complete
-    stop_reason: dict[str, Any] | None = None  # decided by the worker; becomes finish_reason on removal
+    pending_finish_reason: dict[str, Any] | None = None  # decided by the worker; finish_reason on removal
     weight_version: str = "default"
     abort_requested: bool = False
     abort_message: str = "Abort in waiting queue"
@@ -264,13 +264,13 @@ class Scheduler:
         seq.output_logprobs.append(logprob)
         self.generated_tokens += 1
         self.metrics.generated_tokens.inc()
-        reason = self._stop_reason(seq, token)
+        reason = self._finish_reason_after(seq, token)
         if reason is not None:
-            seq.stop_reason = reason
+            seq.pending_finish_reason = reason
         elif seq.stream:
             _notify(seq)
 
-    def _stop_reason(self, seq: Sequence, token: int) -> dict[str, Any] | None:
+    def _finish_reason_after(self, seq: Sequence, token: int) -> dict[str, Any] | None:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.runner.eos_token_ids):
             return {"type": "stop", "matched": token}
@@ -289,7 +289,7 @@ class Scheduler:
         return None
 
     def _finish_done(self) -> None:
-        done = [i for i, s in enumerate(self.running) if s.stop_reason is not None]
+        done = [i for i, s in enumerate(self.running) if s.pending_finish_reason is not None]
         if done:
             self._drop_rows(done, abort=False)
 
@@ -300,7 +300,7 @@ class Scheduler:
             # the KV covers every token but the last output one (sampled, never fed back)
             kv_tokens = seq.all_tokens()[: self.batch.lengths[i]]
             self.prefix_cache.insert(kv_tokens, self.batch.row(i))
-            reason = {"type": "abort", "message": seq.abort_message} if abort else seq.stop_reason
+            reason = {"type": "abort", "message": seq.abort_message} if abort else seq.pending_finish_reason
             finished.append((seq, reason))
         drop = set(rows)
         keep = [i for i in range(len(self.running)) if i not in drop]

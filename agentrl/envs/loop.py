@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from agentrl.envs.environment import Environment, ToolCallError, maybe_await
 from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
 from agentrl.envs.render import ChatRenderer
-from agentrl.trajectory import Sample, TrajectoryManager, TurnRecord
+from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,6 @@ class Generate(Protocol):
 
 EnvFactory = Callable[[], Environment]
 
-# Why an episode stopped: "done" (a tool set env.done), "no_tool_call" (a final text reply), "abort"
-# (the engine aborted the turn), or a limit — those below mark its samples "truncated".
-STOP_TRUNCATED = {"max_turns", "max_total_tokens", "context_length", "length"}
-
 
 @dataclass
 class EpisodeMetrics:
@@ -52,7 +48,7 @@ class EpisodeMetrics:
     tool_errors: int = 0
     ill_formed_turns: int = 0  # replies with at least one malformed call (bad JSON, unknown tool, bad args)
     reward: float = 0.0
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None  # set once the episode ends
     finish_reasons: dict[str, int] = field(default_factory=dict)
     drift: dict[str, int] = field(default_factory=dict)  # record_turn outcomes: new/clean/realigned/forked/...
     prompt_tokens: int = 0  # of the first prompt
@@ -94,7 +90,7 @@ class RolloutResult:
         episodes = self.episodes
         n = max(len(episodes), 1)
         turns = sum(e.metrics.turns for e in episodes)
-        stops: Counter[str] = Counter(e.metrics.stop_reason for e in episodes)
+        stops: Counter[StopReason | None] = Counter(e.metrics.stop_reason for e in episodes)
         finishes: Counter[str] = Counter()
         drift: Counter[str] = Counter()
         for e in episodes:
@@ -150,17 +146,17 @@ async def run_episode(
         last_finish = None
         while True:
             if env.done:
-                metrics.stop_reason = metrics.stop_reason or "done"
+                metrics.stop_reason = metrics.stop_reason or StopReason.DONE
                 break
             if metrics.turns >= env.max_turns:
-                metrics.stop_reason = "max_turns"
+                metrics.stop_reason = StopReason.MAX_TURNS
                 break
             prompt_ids = renderer.render(messages, tools).ids
             if metrics.turns == 0:
                 metrics.prompt_tokens = len(prompt_ids)
-            budget, limit_name = _token_budget(len(prompt_ids), context, env.max_total_tokens)
+            budget, limit = _token_budget(len(prompt_ids), context, env.max_total_tokens)
             if budget is not None and budget <= 0:
-                metrics.stop_reason = limit_name
+                metrics.stop_reason = limit
                 break
             params = dict(sampling_params or {})
             if budget is not None:
@@ -187,22 +183,18 @@ async def run_episode(
             last_finish = turn.finish_reason
             finish[last_finish] += 1
             if aborted:
-                metrics.stop_reason = "abort"
+                metrics.stop_reason = StopReason.ABORT
                 break
             messages.extend(answers)
         reward = float(await maybe_await(env.reward()))
         metrics.reward = reward
-        if metrics.stop_reason == "no_tool_call" and last_finish == "length":
-            metrics.stop_reason = "length"  # the final reply was cut off, not finished
+        if metrics.stop_reason == StopReason.NO_TOOL_CALL and last_finish == "length":
+            metrics.stop_reason = StopReason.LENGTH  # the final reply was cut off, not finished
         samples = [] if metrics.turns == 0 else manager.get_trajectory(  # zero turns: nothing to train
-            session_id, reward=reward, group_id=group_id or session_id,
-            extra_metadata={"stop_reason": metrics.stop_reason, "episode_turns": metrics.turns,
-                            "tool_calls": metrics.tool_calls, "ill_formed_turns": metrics.ill_formed_turns},
+            session_id, reward=reward, group_id=group_id or session_id, stop_reason=metrics.stop_reason,
+            extra_metadata={"episode_turns": metrics.turns, "tool_calls": metrics.tool_calls,
+                            "ill_formed_turns": metrics.ill_formed_turns},
         )
-        if metrics.stop_reason in STOP_TRUNCATED:  # the episode was cut short by a limit
-            for sample in samples:
-                if sample.status == "completed":
-                    sample.status = "truncated"
         metrics.samples = len(samples)
     except BaseException:
         if manager.has_session(session_id):
@@ -243,21 +235,22 @@ async def _act(env: Environment, parsed: ParsedResponse, text: str,
         if not more and not env.done:
             env.done = True
         if env.done:
-            metrics.stop_reason = "no_tool_call"
+            metrics.stop_reason = StopReason.NO_TOOL_CALL
     elif env.done:
-        metrics.stop_reason = "done"
+        metrics.stop_reason = StopReason.DONE
     return out, ill_formed
 
 
-def _token_budget(prompt_len: int, context: int | None, max_total: int | None) -> tuple[int | None, str]:
+def _token_budget(prompt_len: int, context: int | None,
+                  max_total: int | None) -> tuple[int | None, StopReason | None]:
     """New tokens allowed after a prompt of ``prompt_len``, and which limit binds."""
     options = []
     if context is not None:
-        options.append((context - prompt_len, "context_length"))
+        options.append((context - prompt_len, StopReason.CONTEXT_LENGTH))
     if max_total is not None:
-        options.append((max_total - prompt_len, "max_total_tokens"))
+        options.append((max_total - prompt_len, StopReason.MAX_TOTAL_TOKENS))
     if not options:
-        return None, ""
+        return None, None
     return min(options)
 
 
@@ -305,7 +298,7 @@ async def generate_rollout(
                 log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
                 if manager.has_session(session_id):  # a custom episode function may not have cleaned up
                     manager.drop_session(session_id)
-                metrics = EpisodeMetrics(stop_reason="error", error=f"{type(err).__name__}: {err}")
+                metrics = EpisodeMetrics(stop_reason=StopReason.ERROR, error=f"{type(err).__name__}: {err}")
                 return EpisodeResult(session_id=session_id, group_id=group_id, task=task, samples=[],
                                      metrics=metrics, messages=list(getattr(env, "messages", [])))
 

@@ -36,7 +36,7 @@ from agentrl.trajectory.provenance import (
     TokenProvenance,
 )
 from agentrl.trajectory.records import TurnRecord
-from agentrl.trajectory.sample import STATUSES, Sample
+from agentrl.trajectory.sample import STATUSES, Sample, StopReason
 from agentrl.trajectory.verify import ProvenanceError, trained_turns, verify, verify_session
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "ProvenanceRun",
     "RealignPolicy",
     "Sample",
+    "StopReason",
     "TokenProvenance",
     "TrajectoryManager",
     "TruncatePolicy",

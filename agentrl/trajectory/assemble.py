@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT, Provenance, ProvenanceRun
 from agentrl.trajectory.records import TurnRecord
-from agentrl.trajectory.sample import ABORTED, COMPLETED, TRUNCATED, Sample
+from agentrl.trajectory.sample import Sample, StopReason, sample_status
 
 
 @dataclass
@@ -76,24 +76,15 @@ class Chain:
         self.last = record
 
 
-def _status(records: list[TurnRecord], budget_cut: bool) -> str:
-    if budget_cut:
-        return TRUNCATED
-    reason = records[-1].finish_reason
-    if reason == "length":
-        return TRUNCATED
-    if reason == "abort":
-        return ABORTED
-    return COMPLETED
-
-
 def assemble_sample(
     chain: Chain,
     records: list[TurnRecord],
     *,
     max_sample_tokens: int = 0,
+    stop_reason: StopReason | None = None,
 ) -> tuple[Sample, dict[str, Any]]:
-    """Build the sample of ``chain``; also return layout facts (trained turns, budget cut) for metadata."""
+    """Build the sample of ``chain`` (``stop_reason``: its episode's, for the status); also return layout
+    facts (trained turns, budget cut) for metadata."""
     turns = chain.turns
     divergences = chain.divergences
     recs = [records[t] for t in turns]
@@ -155,7 +146,7 @@ def assemble_sample(
         loss_mask=loss_mask,
         rollout_logprobs=logprobs,
         provenance=Provenance._trusted(runs),  # contiguous by construction; verify() re-checks
-        status=_status(recs, budget_cut),
+        status=sample_status(last.finish_reason, budget_cut=budget_cut, stop_reason=stop_reason),
     )
     return sample, {
         "trained_turns": trained_turns,

@@ -15,7 +15,7 @@ from typing import Any
 from agentrl.trajectory.assemble import Chain, assemble_sample
 from agentrl.trajectory.policies import DRIFT_OUTCOMES, FORKED, REALIGNED, Drift, DriftPolicy, make_policy
 from agentrl.trajectory.records import TurnRecord
-from agentrl.trajectory.sample import Sample
+from agentrl.trajectory.sample import Sample, StopReason
 from agentrl.trajectory.tree import MessageTree, message_key
 
 # Per-turn outcomes (besides the drift outcomes realigned / cut / forked):
@@ -41,6 +41,7 @@ RESERVED_METADATA = frozenset(
         "finish_reasons",
         "weight_versions",
         "turn_metadata",
+        "stop_reason",
     }
 )
 
@@ -211,13 +212,18 @@ class TrajectoryManager:
         extra_metadata: Mapping[str, Any] | None = None,
         max_sample_tokens: int = 0,
         group_id: str | int | None = None,
+        stop_reason: StopReason | str | None = None,
     ) -> list[Sample]:
         """Consume the session and return its samples (one per chain, in creation order).
 
         ``max_sample_tokens > 0`` cuts longer samples (``metadata["truncated"] = True``); tokens kept
-        before the cut stay trained, as with ``finish_reason="length"``.
+        before the cut stay trained, as with ``finish_reason="length"``. ``stop_reason`` (why the
+        episode ended; also ``metadata["stop_reason"]``) marks every sample truncated when a limit
+        ended the episode.
         """
         session = self._session(session_id)
+        if stop_reason is not None:
+            stop_reason = StopReason(stop_reason)  # a plain string is accepted; an unknown one raises
         if isinstance(reward, bool) or not isinstance(reward, int | float | dict):
             raise TypeError(f"reward must be a float (or a dict of floats), got {type(reward).__name__}")
         if extra_metadata is not None and not isinstance(extra_metadata, Mapping):
@@ -229,7 +235,8 @@ class TrajectoryManager:
             raise ValueError(f"extra_metadata may not override the contract's metadata keys {clashes}")
 
         samples = [
-            self._build(session_id, session, chain, reward, extra_metadata, max_sample_tokens, group_id)
+            self._build(session_id, session, chain, reward, extra_metadata, max_sample_tokens, group_id,
+                        stop_reason)
             for chain in session.chains
         ]
         del self._sessions[session_id]
@@ -257,8 +264,11 @@ class TrajectoryManager:
         extra_metadata: Mapping[str, Any] | None,
         max_sample_tokens: int,
         group_id: str | int | None,
+        stop_reason: StopReason | None,
     ) -> Sample:
-        sample, facts = assemble_sample(chain, session.records, max_sample_tokens=max_sample_tokens)
+        sample, facts = assemble_sample(
+            chain, session.records, max_sample_tokens=max_sample_tokens, stop_reason=stop_reason
+        )
         records = session.records
         trained = set(facts["trained_turns"])
         untrained = [t for t in chain.turns if t not in trained and records[t].output_ids]
@@ -286,6 +296,8 @@ class TrajectoryManager:
         turn_metadata = [session.turn_metadata[t] for t in chain.turns]
         if any(turn_metadata):
             metadata["turn_metadata"] = turn_metadata
+        if stop_reason is not None:
+            metadata["stop_reason"] = stop_reason
         if extra_metadata:
             metadata.update(extra_metadata)
         sample.reward = reward

@@ -4,16 +4,51 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from agentrl.trajectory.provenance import Provenance, TokenProvenance
 
-# Sample.status values. A sample is "truncated" when its last turn stopped on length or it was cut to
-# max_sample_tokens, "aborted" when its last turn was aborted by the engine.
+# Sample.status values. A sample is "truncated" when its last turn stopped on length, it was cut to
+# max_sample_tokens, or a limit ended its episode; "aborted" when its last turn was aborted by the engine.
 COMPLETED = "completed"
 TRUNCATED = "truncated"
 ABORTED = "aborted"
 STATUSES = (COMPLETED, TRUNCATED, ABORTED)
+
+
+class StopReason(StrEnum):
+    """Why an episode stopped; a ``str``, so it reads as its value in JSON and metric keys."""
+
+    DONE = "done"  # a tool set env.done
+    NO_TOOL_CALL = "no_tool_call"  # the model replied without a tool call
+    ABORT = "abort"  # the engine aborted the turn
+    ERROR = "error"  # the episode raised
+    MAX_TURNS = "max_turns"
+    MAX_TOTAL_TOKENS = "max_total_tokens"
+    CONTEXT_LENGTH = "context_length"
+    LENGTH = "length"  # the final reply hit its max_new_tokens
+
+    @property
+    def cut_short(self) -> bool:
+        """A limit ended the episode before the task did: its samples are truncated."""
+        return self in _LIMITS
+
+
+_LIMITS = frozenset(
+    {StopReason.MAX_TURNS, StopReason.MAX_TOTAL_TOKENS, StopReason.CONTEXT_LENGTH, StopReason.LENGTH}
+)
+
+
+def sample_status(last_finish_reason: str, *, budget_cut: bool, stop_reason: StopReason | None) -> str:
+    """The one rule for ``Sample.status``, from the sample's last turn, its budget cut and its episode."""
+    if budget_cut or last_finish_reason == "length":
+        return TRUNCATED
+    if last_finish_reason == "abort":
+        return ABORTED
+    if stop_reason is not None and stop_reason.cut_short:
+        return TRUNCATED
+    return COMPLETED
 
 _REQUIRED = ("tokens", "response_start", "loss_mask", "rollout_logprobs", "provenance")
 
@@ -36,10 +71,6 @@ class Sample:
     session_id: str = ""
     group_id: str | int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def response_length(self) -> int:
-        return len(self.tokens) - self.response_start
 
     @property
     def trained_tokens(self) -> int:

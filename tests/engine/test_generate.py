@@ -83,10 +83,10 @@ def test_eos_stops_unless_ignore_eos(client, server):
     sched = server.engine.scheduler
     seq = Sequence(prompt_ids=[1], params=SamplingParams(max_new_tokens=5))
     seq.output_ids = [eos]
-    assert sched._stop_reason(seq, eos) == {"type": "stop", "matched": eos}
+    assert sched._finish_reason_after(seq, eos) == {"type": "stop", "matched": eos}
     seq2 = Sequence(prompt_ids=[1], params=SamplingParams(max_new_tokens=5, ignore_eos=True))
     seq2.output_ids = [eos]
-    assert sched._stop_reason(seq2, eos) is None
+    assert sched._finish_reason_after(seq2, eos) is None
 
 
 def test_stop_string_truncates_text(client, server):

@@ -195,6 +195,27 @@ def test_status_follows_the_last_turn(finish, status):
     assert s.status == status
 
 
+@pytest.mark.parametrize(
+    ("finish", "stop_reason", "status"),
+    [("stop", "max_turns", "truncated"), ("stop", "done", "completed"), ("abort", "max_turns", "aborted")],
+)
+def test_a_limit_that_ended_the_episode_truncates_its_samples(finish, stop_reason, status):
+    chat = Chat(TrajectoryManager())
+    chat.turn(P0, O0, finish=finish)
+    (s,) = chat.m.get_trajectory("s", stop_reason=stop_reason)
+    assert s.status == status and s.metadata["stop_reason"] == stop_reason
+
+
+def test_an_unknown_stop_reason_is_refused_and_keeps_the_session():
+    chat = Chat(TrajectoryManager())
+    chat.turn(P0, O0)
+    with pytest.raises(ValueError, match="not a valid StopReason"):
+        chat.m.get_trajectory("s", stop_reason="bored")
+    with pytest.raises(ValueError, match="stop_reason"):
+        chat.m.get_trajectory("s", extra_metadata={"stop_reason": "done"})
+    assert chat.m.has_session("s")
+
+
 def test_empty_outputs_and_metadata():
     chat = Chat(TrajectoryManager())
     chat.turn(P0, [])
