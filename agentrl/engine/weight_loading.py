@@ -1,4 +1,5 @@
-"""Weight payloads for ``/update_weights_from_tensor``, checkpoint reading and the weights checksum.
+"""Weight payloads for ``/update_weights_from_tensor``, checkpoint reading, the weights checksum, and
+the smg fan-out selector that reaches every engine's weight routes at once.
 
 ``/update_weights_from_tensor`` body (SGLang's shape)::
 
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
     import torch
 
 FORMATS = ("safetensors", None)
+
+# smg's RL fan-out (``POST /v1/rl/engine/<path>?selector=...`` on a router started with ``--enable-rl``)
+# requires a label selector; this one matches every registered worker (no worker has that engine name),
+# whatever engine smg detected it as. The one definition for every fan-out client.
+RL_FANOUT_SELECTOR = "engine!=agentrl-none"
 
 
 def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], fmt: str | None = "safetensors") -> str:

@@ -26,10 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.engine.launch import free_port, free_ports
-
-# smg's RL fan-out requires a label selector; this one matches every registered worker (no worker has
-# that engine name), whatever engine smg detected it as.
-ALL_WORKERS = "engine!=agentrl-none"
+from agentrl.engine.weight_loading import RL_FANOUT_SELECTOR as ALL_WORKERS  # smg's every-worker selector
 
 _log = logging.getLogger(__name__)
 

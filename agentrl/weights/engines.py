@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-# smg's fan-out needs a label selector; this one matches every worker (the router module's choice too)
-FANOUT_SELECTOR = "engine!=agentrl-none"
+from agentrl.engine.weight_loading import RL_FANOUT_SELECTOR
 
 
 class EngineCallError(RuntimeError):
@@ -121,7 +120,7 @@ class EngineClient:
         assert self.router_url is not None
         route = f"{self.router_url}/v1/rl/engine/{path.lstrip('/')}"
         try:
-            response = self._http.post(route, json=body, params={"selector": FANOUT_SELECTOR})
+            response = self._http.post(route, json=body, params={"selector": RL_FANOUT_SELECTOR})
             answer = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             error = EngineCallError(self.router_url, path, None, f"router fan-out failed: {type(exc).__name__}: {exc}")
