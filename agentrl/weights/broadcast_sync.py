@@ -1,63 +1,73 @@
-"""Broadcast mode: a process group between the trainer (rank 0) and the engines, one call per bucket.
+"""The ``broadcast`` transport: a process group between the trainer (rank 0) and every engine; the
+``broadcast`` mode.
 
-On the first sync the sender opens a custom process group (not the default one, so a trainer that has
-its own torch.distributed world can still do this) with every engine via ``/init_weights_update_group``
--- engine ``i`` joins as rank ``1 + i`` -- using the same helper the engine uses
-(:func:`agentrl.engine.weight_group.init_custom_process_group`, SGLang's). Each sync then groups the
-tensors into buckets of ``bucket_bytes`` and, per bucket, posts ``/update_weights_from_distributed``
-(names, dtypes, shapes) to every engine while broadcasting the bucket's tensors from rank 0 in that
-order. ``gloo`` on CPU (tested here), ``nccl`` when the tensors are on the GPU.
+On first use the transport opens a custom process group (not the default one, so a trainer that has its
+own torch.distributed world can still do this) with every engine via ``/init_weights_update_group`` --
+engine ``i`` joins as rank ``1 + i`` -- using the same helper the engine uses
+(:func:`agentrl.engine.weight_group.init_custom_process_group`, SGLang's). ``gloo`` on CPU (tested here),
+``nccl`` when the tensors are on the GPU.
 
-The engine protocol broadcasts tensor by tensor (SGLang's default ``load_format``); a flattened
-one-collective-per-bucket variant needs engine support (SGLang's ``flattened_bucket``).
-An engine that refuses a bucket before joining its broadcast leaves rank 0 waiting until the group
-timeout (``group_timeout_s``); then the sync fails and the group is torn down.
+* Full weights: the tensors go in buckets of ``bucket_bytes``; per bucket, ``/update_weights_from_distributed``
+  (names, dtypes, shapes) is posted to every engine while rank 0 broadcasts the bucket's tensors in that
+  order (SGLang's default tensor-by-tensor ``load_format``; a flattened one-collective-per-bucket variant
+  needs engine support, SGLang's ``flattened_bucket``).
+* Delta payloads: ``/update_weights_from_delta_distributed`` (``group_name``, ``nbytes``, ``base_version``,
+  ``weight_version``) is posted to every engine and the payload is broadcast as one ``uint8`` tensor.
+
+A collective needs every member, so a full send reaches every engine even when asked for some. An
+engine that refuses a call before joining the collective (no such group, a malformed body) leaves
+rank 0 waiting until the group timeout (``group_timeout_s``); then the send fails and the group is torn
+down (the next send opens a new one).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.launch import free_port
-from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets, unique_named_tensors
-from agentrl.weights.engines import collect, raise_errors
-from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
+from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets
+from agentrl.weights.engines import CallResult, EngineClient, collect, raise_errors
+from agentrl.weights.sync import FullSync
+from agentrl.weights.transport import Sent, Transport, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
 
-class BroadcastSync(WeightSync):
-    """``broadcast`` mode (see module doc). ``backend``: ``gloo``/``nccl`` (default: by tensor device)."""
+class BroadcastTransport(Transport):
+    """``broadcast`` (see module doc). ``backend``: ``gloo``/``nccl`` (default: by the tensors' device).
+    ``group_name``: default one per transport, so a group left behind by a crashed sender never blocks a
+    new one."""
 
-    mode = "broadcast"
+    name = "broadcast"
+    carries = frozenset({"full", "delta"})
 
     def __init__(
         self,
-        engine_urls: Sequence[str],
+        engines: EngineClient,
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         backend: str | None = None,
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
-        group_name: str = "agentrl_weight_sync",
+        group_name: str | None = None,
         group_timeout_s: float = 600.0,
         flush_cache: bool = True,
-        timeout: float = 600.0,
-        router_url: str | None = None,
     ) -> None:
-        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
+        super().__init__(engines)
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.master_address = master_address
         self.master_port = master_port
-        self.group_name = group_name
+        self.group_name = group_name or f"agentrl_weights_{os.getpid()}_{id(self):x}"
         self.group_timeout = timedelta(seconds=group_timeout_s)
         self.flush_cache = flush_cache
         self.group: Any = None
         self.group_backend: str | None = None
+        self._last_backend = backend or "gloo"  # for a delta, which has no tensors to tell the device
 
     def backend_for(self, tensors: list[tuple[str, torch.Tensor]]) -> str:
         """The configured backend, else ``nccl`` for CUDA tensors and ``gloo`` otherwise."""
@@ -72,8 +82,9 @@ class BroadcastSync(WeightSync):
     def _open_group(self, backend: str) -> None:
         from agentrl.engine.weight_group import init_custom_process_group
 
+        urls = self.engines.urls
         port = self.master_port or free_port(self.master_address)
-        world_size = 1 + len(self.engine_urls)
+        world_size = 1 + len(urls)
         futures = [
             self.engines.submit(
                 url,
@@ -87,7 +98,7 @@ class BroadcastSync(WeightSync):
                     "backend": backend,
                 },
             )
-            for i, url in enumerate(self.engine_urls)
+            for i, url in enumerate(urls)
         ]
         try:
             self.group = init_custom_process_group(
@@ -99,22 +110,17 @@ class BroadcastSync(WeightSync):
                 timeout=self.group_timeout,
             )
         finally:
-            results = collect(self.engine_urls, futures)
+            results = collect(urls, futures)
         self.group_backend = backend
         raise_errors(results)
 
-    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
-        return self.push(tensors, weight_version)
-
-    def push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
-        """Broadcast every tensor to every engine as ``weight_version`` (also a delta sync's full sync)."""
+    def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         from agentrl.engine.weight_group import broadcast
 
-        unique = unique_named_tensors(tensors)
-        backend = self.backend_for(unique)
+        backend = self._last_backend = self.backend_for(tensors)
         try:
             self.ensure_group(backend)
-            buckets = plan_buckets(unique, bucket_bytes=self.bucket_bytes)
+            buckets = plan_buckets(tensors, bucket_bytes=self.bucket_bytes)
             sent = 0
             for i, bucket in enumerate(buckets):
                 last = i == len(buckets) - 1
@@ -134,17 +140,28 @@ class BroadcastSync(WeightSync):
         except Exception as exc:
             self.close_group()
             raise WeightSyncError(f"broadcast sync of {weight_version!r} failed: {exc}") from exc
-        return SyncReport(
-            self.mode,
-            weight_version,
-            sent,
-            full_bytes(tensors),
-            0.0,
-            details={"backend": backend, "buckets": len(buckets), "world_size": 1 + len(self.engine_urls)},
-        )
+        details = {"backend": backend, "buckets": len(buckets), "world_size": 1 + len(self.engines.urls)}
+        return Sent(sent, list(self.engines.urls), details)
+
+    def send_delta(self, payload: bytes, body: dict[str, Any]) -> list[CallResult]:
+        from agentrl.engine.weight_group import broadcast_bytes
+
+        group = self.ensure_group(self._last_backend)
+        body = {**body, "group_name": self.group_name, "nbytes": len(payload)}
+        answers = self.engines.submit_all("/update_weights_from_delta_distributed", body)
+        try:
+            # Every engine joins the broadcast before judging the payload (rank 0 would stall otherwise).
+            broadcast_bytes(payload, group, _device_for(self.group_backend))
+        except Exception as exc:
+            self.close_group()
+            raise WeightSyncError(f"broadcasting the delta failed: {exc}") from exc
+        results = answers()
+        if any(r.error is not None and not r.error.rejected for r in results):
+            self.close_group()  # an engine failed inside the collective: the group is not trusted
+        return results
 
     def close_group(self) -> None:
-        """Tear the group down on both sides (the next sync opens a new one); errors are ignored."""
+        """Tear the group down on both sides (the next send opens a new one); errors are ignored."""
         if self.group is None:
             return
         from agentrl.engine.weight_group import destroy_group
@@ -158,7 +175,20 @@ class BroadcastSync(WeightSync):
         self.group_backend = None
 
     def close(self) -> None:
-        try:
-            self.close_group()
-        finally:
-            super().close()
+        self.close_group()
+
+
+class BroadcastSync(FullSync):
+    """The ``broadcast`` mode: full weights over :class:`BroadcastTransport` (its options: ``backend``, ...)."""
+
+    def __init__(self, engine_urls: Sequence[str], **options: Any) -> None:
+        super().__init__(engine_urls, transport=BroadcastTransport, **options)
+
+
+def _device_for(backend: str | None) -> Any:
+    """Where the payload tensor must live for ``backend`` (NCCL only moves CUDA tensors)."""
+    import torch
+
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

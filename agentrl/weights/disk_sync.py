@@ -1,40 +1,70 @@
-"""Disk mode: write HF safetensors to a directory (tmpfs when available), then ``/update_weights_from_disk``.
+"""The ``disk`` transport: files in a directory (tmpfs when available) the engines read; the ``disk`` mode.
 
-Each version goes to its own sub-directory ``<root>/<weight_version>/``; once every engine acknowledged
-it, older version directories written by this sender are deleted, so tmpfs holds one copy of the model.
+Full weights: HF safetensors shards in ``<root>/<weight_version>/``, loaded with
+``/update_weights_from_disk``; once every engine acknowledged a version, older version directories
+written by this transport are deleted, so tmpfs holds one copy of the model. Delta payloads: one file,
+applied with ``/update_weights_from_delta`` and deleted right after.
+
+Without ``directory`` the transport makes its own under ``/dev/shm`` and deletes it on ``close()``, on
+garbage collection and at interpreter exit; a directory left by a process that died without any of those
+(SIGKILL) is deleted by the next transport made on that host.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrl.weights.bucket import unique_named_tensors
-from agentrl.weights.engines import raise_errors
-from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
+from agentrl.weights.engines import CallResult, EngineClient, raise_errors
+from agentrl.weights.sync import FullSync
+from agentrl.weights.transport import Sent, Transport, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
 SHARD_BYTES = 4 << 30
+TEMP_PREFIX = "agentrl-weights-"
+_OWNED = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")  # the pid of the process that made the directory
 
 
-def default_weights_root(owner: object) -> Path:
+class TempWeightsDir:
     """A fresh directory on tmpfs (``/dev/shm``) when it is writable, else in the system temp dir.
 
-    It is removed when ``owner`` is garbage-collected or the interpreter exits, so a sender that is
-    never closed does not leave a model copy in RAM-backed tmpfs.
+    :meth:`remove` deletes it (once); it also runs when ``owner`` is garbage-collected or the
+    interpreter exits, so a transport that is never closed leaves no model copy in RAM-backed tmpfs.
     """
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    root = Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir=base))
-    weakref.finalize(owner, shutil.rmtree, root, ignore_errors=True)
-    return root
+
+    def __init__(self, owner: object) -> None:
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        remove_orphans(base)
+        self.path = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=base))
+        self.remove = weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
+
+
+def remove_orphans(base: Path) -> None:
+    """Delete this library's weight directories in ``base`` whose creating process is gone."""
+    for entry in base.glob(TEMP_PREFIX + "*"):
+        owner = _OWNED.match(entry.name)
+        if owner and entry.is_dir() and not _alive(int(owner.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *, shard_bytes: int = SHARD_BYTES) -> int:
@@ -64,36 +94,32 @@ def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *
     return written
 
 
-class DiskSync(WeightSync):
-    """``disk`` mode. ``directory``: where versions are written (default: a fresh dir on ``/dev/shm``)."""
+class DiskTransport(Transport):
+    """``disk`` (see module doc). ``directory``: where files go (default: a fresh one on ``/dev/shm``);
+    every engine must be able to read it."""
 
-    mode = "disk"
+    name = "disk"
+    carries = frozenset({"full", "delta"})
 
     def __init__(
         self,
-        engine_urls: Sequence[str],
+        engines: EngineClient,
         *,
         directory: str | Path | None = None,
         flush_cache: bool = True,
         abort_all_requests: bool = False,
         keep_old_versions: bool = False,
-        timeout: float = 600.0,
-        router_url: str | None = None,
     ) -> None:
-        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
-        self._owns_root = directory is None
-        self.root = Path(directory) if directory is not None else default_weights_root(self)
+        super().__init__(engines)
+        self._temp = TempWeightsDir(self) if directory is None else None
+        self.root = self._temp.path if self._temp is not None else Path(directory)  # type: ignore[arg-type]
         self.root.mkdir(parents=True, exist_ok=True)
         self.flush_cache = flush_cache
         self.abort_all_requests = abort_all_requests
         self.keep_old_versions = keep_old_versions
         self._written: list[Path] = []
 
-    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
-        return self.push_to(tensors, weight_version, self.engine_urls)
-
-    def push_to(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> SyncReport:
-        """Write the version once and load it into the engines at ``urls`` (used for delta fallbacks too)."""
+    def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         directory = self.root / _safe_name(weight_version)
         if directory.exists():
             shutil.rmtree(directory)
@@ -113,12 +139,28 @@ class DiskSync(WeightSync):
             for old in self._written[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
             self._written = self._written[-1:]
-        return SyncReport(self.mode, weight_version, written, full_bytes(tensors), 0.0, details={"path": str(directory)})
+        return Sent(written, list(urls), {"path": str(directory)})
+
+    def send_delta(self, payload: bytes, body: dict[str, Any]) -> list[CallResult]:
+        path = self.root / f"delta-{os.getpid()}-{id(self):x}.bin"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(payload)
+        tmp.rename(path)  # never seen half-written
+        try:
+            return self.engines.call_all("/update_weights_from_delta", {**body, "path": str(path)})
+        finally:
+            path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        super().close()
-        if self._owns_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._temp is not None:
+            self._temp.remove()
+
+
+class DiskSync(FullSync):
+    """The ``disk`` mode: full weights over :class:`DiskTransport` (its options: ``directory``, ...)."""
+
+    def __init__(self, engine_urls: Sequence[str], **options: Any) -> None:
+        super().__init__(engine_urls, transport=DiskTransport, **options)
 
 
 def _safe_name(version: str) -> str:

@@ -1,4 +1,4 @@
-"""The common interface of every weight-sync mode, and a factory by mode name.
+"""A weight sync is a payload (what is sent) over a transport (how it travels); the factory by name.
 
 A sender takes HF-named tensors (``Iterable[tuple[str, torch.Tensor]]``, e.g. from
 ``MegatronTrainer.export_hf_named_tensors()`` or ``model.named_parameters()``) and a new
@@ -6,38 +6,47 @@ A sender takes HF-named tensors (``Iterable[tuple[str, torch.Tensor]]``, e.g. fr
 version in ``/server_info`` (checked), so each sampled token's ``weight_version`` names the weights that
 produced it.
 
-Modes (one module each): ``disk`` (:mod:`agentrl.weights.disk_sync`), ``tensor``
-(:mod:`agentrl.weights.tensor_sync`), ``broadcast`` (:mod:`agentrl.weights.broadcast_sync`), ``delta``
-(:mod:`agentrl.weights.delta_sync`).
+Payloads are :class:`WeightSync` subclasses: ``full`` (:class:`FullSync`, every tensor) and ``delta``
+(:class:`~agentrl.weights.delta_sync.DeltaSync`, the changed bits, zstd-compressed). Each takes
+``transport=`` (:mod:`agentrl.weights.transport`: ``disk``, ``tensor``, ``broadcast`` or a path of your
+own) and passes the options it does not use itself to the transport. The historical mode names are
+full-weight presets: ``disk``, ``tensor`` and ``broadcast`` are ``full`` over that transport.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from agentrl.plugins import resolve
+from agentrl.weights.bucket import unique_named_tensors
 from agentrl.weights.engines import EngineCallError, EngineClient
+from agentrl.weights.transport import Transport, WeightSyncError, build_transport
 
 if TYPE_CHECKING:
     import torch
 
-MODES = {
+__all__ = ["MODES", "FullSync", "SyncReport", "WeightSync", "WeightSyncError", "full_bytes", "make_sync"]
+
+MODES: dict[str, str] = {
+    "full": "agentrl.weights.sync:FullSync",
+    "delta": "agentrl.weights.delta_sync:DeltaSync",
+    # historical names: full weights over the transport of the same name
     "disk": "agentrl.weights.disk_sync:DiskSync",
     "tensor": "agentrl.weights.tensor_sync:TensorSync",
     "broadcast": "agentrl.weights.broadcast_sync:BroadcastSync",
-    "delta": "agentrl.weights.delta_sync:DeltaSync",
 }
+DEFAULT_TRANSPORT = "disk"
 
 
 @dataclass
 class SyncReport:
     """What one sync cost. ``bytes_sent``: payload bytes each engine received (file, shared memory,
     HTTP body or collective); ``full_bytes``: the raw size of all tensors; ``seconds``: wall time
-    including the engines' acknowledgement."""
+    including the engines' acknowledgement. ``details`` always names the ``payload`` and ``transport``."""
 
     mode: str
     weight_version: str
@@ -52,40 +61,82 @@ class SyncReport:
         return asdict(self)
 
 
-class WeightSyncError(RuntimeError):
-    """A sync did not complete; engines may hold their old weights (each engine update is atomic)."""
+class WeightSync:
+    """Base of every payload: owns the engine client and the transport (``via``); subclasses implement
+    :meth:`_push`.
 
-
-class WeightSync(ABC):
-    """Base of every mode: owns the engine client; subclasses implement :meth:`_push`.
-
+    ``transport``: a name of :data:`agentrl.weights.transport.TRANSPORTS`, a ``module:Class`` path or a
+    :class:`~agentrl.weights.transport.Transport` subclass; ``transport_options`` go to it.
     ``router_url``: an smg router (``--enable-rl``) in front of the engines; update calls that are the
     same for every engine then go through its RL fan-out (:mod:`agentrl.weights.engines`).
     """
 
-    mode: str = ""
+    payload: ClassVar[str] = ""  # the kind the transport must carry ("full", "delta"); "" checks nothing
 
-    def __init__(self, engine_urls: Sequence[str], *, timeout: float = 600.0, router_url: str | None = None) -> None:
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        *,
+        transport: str | type[Transport] = DEFAULT_TRANSPORT,
+        timeout: float = 600.0,
+        router_url: str | None = None,
+        **transport_options: Any,
+    ) -> None:
+        self._closed = False
         self.engines = EngineClient(engine_urls, timeout=timeout, router_url=router_url)
+        try:
+            self.via = build_transport(transport, self.engines, payload=self.payload, options=transport_options)
+        except BaseException:
+            self.engines.close()
+            raise
 
     @property
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)
 
+    @property
+    def transport(self) -> str:
+        """The transport's name (its class name for one without a ``name``)."""
+        return self.via.name or type(self.via).__name__
+
+    @property
+    def mode(self) -> str:
+        """The name in reports: the payload's; for full weights the transport's (``disk``, ``tensor``, ...)."""
+        return self.transport if self.payload == "full" else self.payload
+
+    @property
+    def root(self) -> Path | None:
+        """The directory the transport writes into; ``None`` when it writes no files."""
+        return getattr(self.via, "root", None)
+
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
         """Push ``named_tensors`` to every engine as ``weight_version``; checks the engines' versions."""
+        if self._closed:
+            raise WeightSyncError("this weight sync is closed")
         weight_version = str(weight_version)
-        tensors = list(named_tensors)
+        tensors = unique_named_tensors(named_tensors)
         start = time.perf_counter()
         report = self._push(tensors, weight_version)
         self.check_versions(weight_version)
         report.seconds = time.perf_counter() - start
+        report.mode = self.mode
+        report.full_bytes = full_bytes(tensors)
         report.engines = self.engine_urls
+        report.details.update(payload=self.payload, transport=self.transport)
         return report
 
-    @abstractmethod
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
-        """Send the tensors and set the version on every engine; ``seconds`` is filled in by :meth:`sync`."""
+        """Send the tensors (tied aliases already dropped) and set the version on every engine; ``seconds``,
+        ``mode``, ``full_bytes`` and ``engines`` are filled in by :meth:`sync`."""
+        raise NotImplementedError
+
+    def push_full(
+        self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str] | None = None
+    ) -> SyncReport:
+        """Full weights to the engines at ``urls`` (default: all) over the transport."""
+        sent = self.via.send_full(tensors, weight_version, self.engine_urls if urls is None else list(urls))
+        return SyncReport(self.mode, weight_version, sent.bytes_sent, full_bytes(tensors), 0.0,
+                          engines=sent.engines, details=dict(sent.details))
 
     def check_versions(self, weight_version: str, urls: Sequence[str] | None = None) -> None:
         try:
@@ -97,7 +148,14 @@ class WeightSync(ABC):
             raise WeightSyncError(f"engines report other weight versions than {weight_version!r}: {wrong}")
 
     def close(self) -> None:
-        self.engines.close()
+        """Release the transport (its temp files, group, buffers) and the client; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.via.close()
+        finally:
+            self.engines.close()
 
     def __enter__(self) -> WeightSync:
         return self
@@ -106,16 +164,22 @@ class WeightSync(ABC):
         self.close()
 
 
+class FullSync(WeightSync):
+    """The ``full`` payload: every tensor, every sync, over any transport."""
+
+    payload = "full"
+
+    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+        return self.push_full(tensors, weight_version)
+
+
 def full_bytes(tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensors)
 
 
-def make_sync(mode: str, engine_urls: Sequence[str], **options: Any) -> WeightSync:
-    """Build the sender for ``mode`` (``disk``, ``tensor``, ``broadcast``, ``delta``) or a dotted
-    ``module:Class`` path of a custom :class:`WeightSync` subclass."""
-    target = MODES.get(mode, mode)
-    if ":" not in target:
-        raise ValueError(f"unknown weight-sync mode {mode!r}; choose from {sorted(MODES)} or give module:Class")
-    module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+def make_sync(mode: str | type[WeightSync], engine_urls: Sequence[str], **options: Any) -> WeightSync:
+    """The sender for ``mode``: a payload (``full``, ``delta``), a historical name (``disk``, ``tensor``,
+    ``broadcast``: full weights over that transport), or a ``module:Class`` path of your own
+    :class:`WeightSync` subclass. ``options`` go to its constructor, e.g. ``transport="broadcast"``."""
+    cls = resolve(mode, MODES, what="weight-sync mode", base=WeightSync)
     return cls(engine_urls, **options)

@@ -1,6 +1,7 @@
-"""Tensor mode: flattened per-dtype buckets handed to ``/update_weights_from_tensor`` without a disk trip.
+"""The ``tensor`` transport: flattened per-dtype buckets handed to ``/update_weights_from_tensor`` without
+a disk trip (full weights only: the engine route takes tensors); the ``tensor`` mode.
 
-Transports (``transport=``):
+Handles (``handles=``; the ``tensor`` mode's ``transport=``):
 
 * ``"shm"`` (CPU, same host): each bucket lives in a shared-memory segment; the request carries only
   pickled handles (SGLang's ``MultiprocessingSerializer`` format, ``load_format: null``) to per-tensor
@@ -19,16 +20,17 @@ every bucket. Buckets are kept alive until the engines answer (the engine reads 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, make_buckets, unique_named_tensors
-from agentrl.weights.engines import raise_errors
-from agentrl.weights.sync import SyncReport, WeightSync, WeightSyncError, full_bytes
+from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, make_buckets
+from agentrl.weights.engines import EngineClient, raise_errors
+from agentrl.weights.sync import FullSync
+from agentrl.weights.transport import Sent, Transport, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
-TRANSPORTS = ("shm", "cuda_ipc", "safetensors")
+HANDLES = ("shm", "cuda_ipc", "safetensors")
 
 
 class StagingBuffers:
@@ -62,41 +64,40 @@ class StagingBuffers:
         self._buffers.clear()
 
 
-class TensorSync(WeightSync):
-    """``tensor`` mode (see module doc). ``bucket_bytes``: size of one flattened bucket."""
+class TensorTransport(Transport):
+    """``tensor`` (see module doc). ``bucket_bytes``: size of one flattened bucket; ``device``: where the
+    buckets are staged (default: ``cuda`` for ``cuda_ipc``, else ``cpu``)."""
 
-    mode = "tensor"
+    name = "tensor"
+    carries = frozenset({"full"})
 
     def __init__(
         self,
-        engine_urls: Sequence[str],
+        engines: EngineClient,
         *,
-        transport: str = "shm",
+        handles: str = "shm",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         device: str | None = None,
         flush_cache: bool = True,
-        timeout: float = 600.0,
-        router_url: str | None = None,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown tensor transport {transport!r}; choose from {TRANSPORTS}")
-        super().__init__(engine_urls, timeout=timeout, router_url=router_url)
-        self.transport = transport
+        if handles not in HANDLES:
+            raise ValueError(f"unknown tensor transport {handles!r}; choose from {HANDLES}")
+        super().__init__(engines)
+        self.handles = handles
         self.bucket_bytes = bucket_bytes
         self.flush_cache = flush_cache
-        staging_device = device or ("cuda" if transport == "cuda_ipc" else "cpu")
+        staging_device = device or ("cuda" if handles == "cuda_ipc" else "cpu")
         # CPU shared-memory segments are made fresh per sync: with torch's file_system sharing, a reused
         # segment could no longer be opened by the engine on the next sync (observed: "unable to open
         # shared memory object ... No such file or directory").
-        self.staging = StagingBuffers(staging_device, shared=transport == "shm", persistent=transport == "cuda_ipc")
+        self.staging = StagingBuffers(staging_device, shared=handles == "shm", persistent=handles == "cuda_ipc")
 
-    def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
+    def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         from agentrl.engine.weight_loading import update_weights_from_tensor_body
 
-        fmt = "safetensors" if self.transport == "safetensors" else None
-        unique = unique_named_tensors(tensors)
+        fmt = "safetensors" if self.handles == "safetensors" else None
         allocate = None if fmt == "safetensors" else self.staging.allocate
-        buckets = list(make_buckets(unique, bucket_bytes=self.bucket_bytes, allocate=allocate))
+        buckets = list(make_buckets(tensors, bucket_bytes=self.bucket_bytes, allocate=allocate))
         sent = 0
         for i, staged in enumerate(buckets):
             if staged.flat.device.type == "cuda":
@@ -113,21 +114,21 @@ class TensorSync(WeightSync):
                 flush_cache=self.flush_cache and last,
             )
             try:
-                raise_errors(self.engines.call_all("/update_weights_from_tensor", body))
+                raise_errors(self.engines.call_all("/update_weights_from_tensor", body, urls=urls))
             except Exception as exc:
                 raise WeightSyncError(f"tensor sync of {weight_version!r}, bucket {i}: {exc}") from exc
             sent += staged.nbytes if fmt is None else len(body["serialized_named_tensors"][0])
         if not buckets:
-            self.engines.call_all("/update_weight_version", {"new_version": weight_version})
-        return SyncReport(
-            self.mode,
-            weight_version,
-            sent,
-            full_bytes(tensors),
-            0.0,
-            details={"transport": self.transport, "buckets": len(buckets), "staging_bytes": self.staging.nbytes},
-        )
+            self.engines.call_all("/update_weight_version", {"new_version": weight_version}, urls=urls)
+        details = {"handles": self.handles, "buckets": len(buckets), "staging_bytes": self.staging.nbytes}
+        return Sent(sent, list(urls), details)
 
     def close(self) -> None:
-        super().close()
         self.staging.clear()
+
+
+class TensorSync(FullSync):
+    """The ``tensor`` mode: full weights over :class:`TensorTransport`; ``transport`` picks its handles."""
+
+    def __init__(self, engine_urls: Sequence[str], *, transport: str = "shm", **options: Any) -> None:
+        super().__init__(engine_urls, transport=TensorTransport, handles=transport, **options)

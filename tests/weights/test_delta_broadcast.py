@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from weights_sync_helpers import Trainer, assert_engines_equal, engine_checksum
+from weights_sync_helpers import Trainer, assert_engines_equal, corrupt, engine_checksum
 
 from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.engines import CallResult
@@ -25,9 +25,7 @@ class RecordingDeltaSync(DeltaSync):
 
     def deliver(self, payload: bytes, body: dict[str, Any]) -> tuple[list[CallResult], int]:
         if self.corrupt:
-            bad = bytearray(payload)
-            bad[len(bad) // 2] ^= 0x40
-            payload = bytes(bad)
+            payload = corrupt(payload)
         self.sent.append(payload)
         results, sent = super().deliver(payload, body)
         self.held_after.append([engine_checksum(u) for u in self.engine_urls])

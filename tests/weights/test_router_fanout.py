@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from weights_sync_helpers import Trainer, assert_engines_equal
+from weights_sync_helpers import CorruptingDeltaSync, Trainer, assert_engines_equal
 
 from agentrl.rollout.router import SmgRouter
-from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.sync import WeightSyncError, make_sync
 
 
@@ -53,13 +51,6 @@ def test_syncs_through_the_router_fan_out_are_bitwise(
             assert_engines_equal(engine_urls, trainer, f"{tag}-{k}")
         assert report.fallback is None
         assert fanned in fanouts
-
-
-class CorruptingDeltaSync(DeltaSync):
-    def write_payload(self, payload: bytes, path: Path) -> None:
-        bad = bytearray(payload)
-        bad[len(bad) // 2] ^= 0x40
-        super().write_payload(bytes(bad), path)
 
 
 def test_engine_refusals_come_back_per_engine_through_the_router(router, engine_urls, trainer: Trainer) -> None:

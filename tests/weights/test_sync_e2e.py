@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 import torch
-from weights_sync_helpers import Trainer, assert_engines_equal, engine_checksum, generate
+from weights_sync_helpers import CorruptingDeltaSync, Trainer, assert_engines_equal, engine_checksum, generate
 
 from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.sync import WeightSyncError, make_sync
@@ -50,15 +48,6 @@ def test_engines_hold_the_trainers_bits_after_1_2_and_10_syncs(case, engine_urls
         engine_lps = [lp for lp, _, _ in meta["output_token_logprobs"]]
         local_lps = trainer.logprobs(PROMPT, out["output_ids"])
         assert torch.allclose(torch.tensor(engine_lps), torch.tensor(local_lps), atol=1e-4, rtol=0)
-
-
-class CorruptingDeltaSync(DeltaSync):
-    """Flips one byte of every delta payload on its way to the engines."""
-
-    def write_payload(self, payload: bytes, path: Path) -> None:
-        bad = bytearray(payload)
-        bad[len(bad) // 2] ^= 0x40
-        super().write_payload(bytes(bad), path)
 
 
 def test_corrupt_delta_is_rejected_and_replaced_by_a_full_sync(engine_urls, trainer: Trainer) -> None:

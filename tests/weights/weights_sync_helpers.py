@@ -7,11 +7,14 @@ is that every parameter's bits change the way an optimizer changes them, not who
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
 
 from agentrl.engine.weight_loading import weights_checksum
+from agentrl.weights.delta_sync import DeltaSync
+from agentrl.weights.engines import CallResult
 
 
 class Trainer:
@@ -68,3 +71,16 @@ def generate(url: str, prompt: list[int], n: int = 8) -> dict:
     response = httpx.post(url + "/generate", json=body, timeout=60)
     response.raise_for_status()
     return response.json()
+
+
+def corrupt(payload: bytes) -> bytes:
+    bad = bytearray(payload)
+    bad[len(bad) // 2] ^= 0x40
+    return bytes(bad)
+
+
+class CorruptingDeltaSync(DeltaSync):
+    """Flips one byte of every delta payload on its way to the engines (over any transport)."""
+
+    def deliver(self, payload: bytes, body: dict[str, Any]) -> tuple[list[CallResult], int]:
+        return super().deliver(corrupt(payload), body)
