@@ -1,19 +1,20 @@
-"""Start and stop ``python -m agentrl.engine`` as a child process (own process group, log to a file)."""
+"""Start and stop ``python -m agentrl.engine`` as a child process tied to this one (see
+:mod:`agentrl.engine.process`), its log in a file."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from agentrl.engine.process import log_file, signal_group, start_tied_process, stop_process_group
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -38,7 +39,10 @@ class EngineStartError(RuntimeError):
 
 
 class EngineProcess:
-    """One embedded engine server process.
+    """One embedded engine server process; it dies with the process that started it, even by SIGKILL.
+
+    Its stdout and stderr go to :attr:`log_path`: ``log_path`` if given, else ``log_dir/engine-<port>.log``,
+    else a fresh temp file.
 
     >>> with EngineProcess(model_dir) as eng:   # starts and waits for /health
     ...     requests.post(eng.url + "/generate", json=...)
@@ -54,6 +58,7 @@ class EngineProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
         self.host = host
@@ -61,10 +66,7 @@ class EngineProcess:
         self.dtype = dtype
         self.extra_args = list(extra_args)
         self.env = dict(env) if env is not None else None
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix=f"agentrl-engine-{self.port}-", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path) if log_path is not None else log_file(log_dir, f"engine-{self.port}.log")
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -88,12 +90,7 @@ class EngineProcess:
     def start(self) -> EngineProcess:
         if self.alive:
             return self
-        env = {**os.environ, **(self.env or {})}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,  # own process group: stop() reaches every child
-            )
+        self.proc = start_tied_process(self.command(), log_path=self.log_path, env={**os.environ, **(self.env or {})})
         return self
 
     def log_tail(self, n_chars: int = 4000) -> str:
@@ -118,30 +115,15 @@ class EngineProcess:
             time.sleep(0.1)
         raise EngineStartError(f"engine at {self.url} not healthy after {timeout} s:\n{self.log_tail()}")
 
-    def _signal_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
     def stop(self, timeout: float = 10) -> None:
-        """SIGTERM the process group, SIGKILL it after ``timeout`` s."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait(timeout=timeout)
-        self._signal_group(signal.SIGKILL)  # stragglers in the group, if any
+        """SIGTERM the process group, SIGKILL it after ``timeout`` s (and any stragglers in it)."""
+        stop_process_group(self.proc, ((signal.SIGTERM, timeout), (signal.SIGKILL, timeout)))
 
     def kill(self) -> None:
         """SIGKILL at once (simulates a crashed engine in failure tests)."""
         if self.proc is None:
             return
-        self._signal_group(signal.SIGKILL)
+        signal_group(self.proc, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def __enter__(self) -> EngineProcess:

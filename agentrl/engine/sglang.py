@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,7 +181,11 @@ def sglang_launch_command(config: SGLangServerConfig, python: str = sys.executab
 
 
 class SGLangProcess(EngineProcess):
-    """A real SGLang server process with :class:`EngineProcess`'s API (start, wait_healthy, stop, ...)."""
+    """A real SGLang server process with :class:`EngineProcess`'s API (start, wait_healthy, stop, log_path, ...).
+
+    Like an embedded engine it dies with the process that started it; SGLang's own scheduler and detokenizer
+    children die with it (SGLang's ``kill_itself_when_parent_died`` ties them the same way).
+    """
 
     def __init__(
         self,
@@ -194,10 +198,12 @@ class SGLangProcess(EngineProcess):
         mem_fraction_static: float | None = None,
         enable_memory_saver: bool = False,
         sglang_args: Sequence[str] = (),
-        env=None,
-        log_path=None,
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
-        super().__init__(model_dir, port=port, host=host, dtype=dtype or "auto", env=env, log_path=log_path)
+        super().__init__(model_dir, port=port, host=host, dtype=dtype or "auto", env=env, log_path=log_path,
+                         log_dir=log_dir)
         self.config = SGLangServerConfig(
             model_path=str(model_dir), host=host, port=self.port, dtype=dtype, tp_size=tp_size,
             mem_fraction_static=mem_fraction_static, enable_memory_saver=enable_memory_saver,
