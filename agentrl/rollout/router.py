@@ -17,15 +17,16 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrl.engine.launch import free_port, free_ports
+from agentrl.engine.process import log_file, start_tied_process, stop_process_group
 from agentrl.engine.weight_loading import RL_FANOUT_SELECTOR as ALL_WORKERS  # smg's every-worker selector
 
 _log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ def _normalise_url(url: str) -> str:
 class SmgRouter:
     """An ``smg launch`` process on ``host:port``, managed through its HTTP control API.
 
+    The router dies with the process that started it, even by SIGKILL. Its output goes to :attr:`log_path`:
+    ``log_dir/router-<port>.log`` (kept) when ``log_dir`` is given, else a temp file deleted by :meth:`stop`.
+
     >>> with SmgRouter(["http://127.0.0.1:30001"]) as router:   # doctest: +SKIP
     ...     router.add_worker("http://127.0.0.1:30002")
     ...     router.pause(); router.update_weights_from_disk("/ckpt/3", "3"); router.continue_()
@@ -93,6 +97,7 @@ class SmgRouter:
         log_level: str = "warn",
         shutdown_grace_s: float = 2.0,
         env: dict[str, str] | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
         self.host = host
         self._auto_port = port is None  # a port we picked may be taken by a racing process: pick again
@@ -107,8 +112,9 @@ class SmgRouter:
         self.log_level = log_level
         self.shutdown_grace_s = shutdown_grace_s
         self.env = env
+        self.log_dir = log_dir
+        self.log_path: Path | None = None  # set by start()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
 
     # -- process ---------------------------------------------------------------------------------
 
@@ -159,12 +165,8 @@ class SmgRouter:
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> SmgRouter:
-        self._log_file = tempfile.NamedTemporaryFile(prefix="smg-router-", suffix=".log", delete=False)  # noqa: SIM115
-        env = {**os.environ, **(self.env or {})}
-        self._proc = subprocess.Popen(
-            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,  # own process group: stop() signals the router and its children
-        )
+        self.log_path = log_file(self.log_dir, f"router-{self.port}.log")
+        self._proc = start_tied_process(self.command(), log_path=self.log_path, env={**os.environ, **(self.env or {})})
         try:
             self.wait_healthy(timeout)
         except BaseException:
@@ -190,30 +192,26 @@ class SmgRouter:
             self._wait_worker_ready(url, deadline)
 
     def log_tail(self, n_chars: int = 4000) -> str:
-        if self._log_file is None:
+        if self.log_path is None:
             return ""
-        with open(self._log_file.name, "rb") as f:
-            return f.read()[-n_chars:].decode("utf-8", "replace")
+        try:
+            return self.log_path.read_bytes()[-n_chars:].decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         """Stop the router: SIGTERM, then SIGINT, then SIGKILL to its process group (idempotent)."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            # smg drains on SIGTERM (bounded by --shutdown-grace-period-secs); it also honours SIGINT.
-            for sig, wait_s in ((signal.SIGTERM, self.shutdown_grace_s + 3.0), (signal.SIGINT, 3.0),
-                                (signal.SIGKILL, 5.0)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if self._log_file is not None:
-            self._log_file.close()
+        # smg drains on SIGTERM (bounded by --shutdown-grace-period-secs); it also honours SIGINT.
+        stop_process_group(proc, ((signal.SIGTERM, self.shutdown_grace_s + 3.0), (signal.SIGINT, 3.0),
+                                  (signal.SIGKILL, 5.0)))
+        self._discard_temp_log()
+
+    def _discard_temp_log(self) -> None:
+        if self.log_path is not None and self.log_dir is None:
             with contextlib.suppress(OSError):
-                os.unlink(self._log_file.name)
-            self._log_file = None
+                self.log_path.unlink()
+            self.log_path = None
 
     def __enter__(self) -> SmgRouter:
         if self._proc is None:
