@@ -5,12 +5,28 @@ disaggregation, ...). A field SGLang knows is accepted and ignored when it carri
 router re-serialises bodies and may send them as ``null``), and rejected with 400 when it asks for a
 feature we lack. A name SGLang does not know is rejected with 400 naming it: a typo such as
 ``max_tokens`` must not silently fall back to a default. The same holds inside ``sampling_params``.
+
+:func:`context_length_of` reads the limit a request's prompt plus reply must fit, from the model directory.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+# config.json keys that hold the context length, by model family (Llama/Qwen, MPT, Qwen-1 / ChatGLM).
+_CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "max_seq_len", "seq_length")
+
+
+def context_length_of(model_dir: str | Path) -> int | None:
+    """The model's context length from its HF ``config.json``, or ``None`` if the config does not say."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for key in _CONTEXT_LENGTH_KEYS:
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
 
 
 class BadRequest(ValueError):

@@ -29,14 +29,12 @@ import urllib.parse
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
 from agentrl.rollout.router import ALL_WORKERS
-
-if TYPE_CHECKING:
-    from agentrl.trajectory import TurnRecord
+from agentrl.trajectory import TurnRecord
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 # smg does not proxy /abort_request; its RL control plane fans it out to every engine instead.
@@ -75,17 +73,21 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class GenerateResult:
-    """One ``/generate`` answer, flattened. ``meta`` is SGLang's untouched ``meta_info``."""
+    """One ``/generate`` answer: the sampled ``turn`` and what only the client reports about it.
 
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    finish_reason: str  # SGLang finish_reason.type: "stop" | "length" | "abort"
-    weight_version: str | None
+    ``meta`` is SGLang's untouched ``meta_info``; ``rid`` the request id of the attempt that answered.
+    """
+
+    turn: TurnRecord
     cached_tokens: int
     text: str
     meta: dict[str, Any] = field(repr=False, compare=False)
     rid: str = ""
+
+    @property
+    def output_ids(self) -> tuple[int, ...]:
+        """Deprecated alias of ``turn.output_ids``, kept only until benchmarks/client_bench.py reads ``turn``."""
+        return self.turn.output_ids
 
 
 def _server_message(raw: bytes) -> str:
@@ -103,27 +105,15 @@ def _server_message(raw: bytes) -> str:
     return str(body)[:2000]
 
 
-def parse_generate_response(prompt_ids: Sequence[int], body: dict[str, Any], rid: str = "") -> GenerateResult:
-    """Turn SGLang's ``/generate`` JSON into a :class:`GenerateResult` (raises ``ValueError`` if malformed)."""
-    if isinstance(body, list):  # SGLang answers a list when n > 1; one turn samples one continuation
-        raise ValueError("batched /generate answers (n > 1) are not supported by generate()")
+def parse_generate_response(prompt_ids: Sequence[int], body: Any, rid: str = "") -> GenerateResult:
+    """Turn SGLang's ``/generate`` JSON into a :class:`GenerateResult` (raises ``ValueError`` if malformed).
+
+    The turn itself is read by :meth:`TurnRecord.from_generate_response`, the one parser of that answer.
+    """
+    turn = TurnRecord.from_generate_response(prompt_ids, body)
     meta = body["meta_info"]
-    output_ids = tuple(int(t) for t in body["output_ids"])
-    lp_entries = meta.get("output_token_logprobs") or []
-    if len(lp_entries) != len(output_ids):
-        raise ValueError(f"{len(lp_entries)} log-probs for {len(output_ids)} output tokens")
-    for (_, token_id, *_rest), out_id in zip(lp_entries, output_ids, strict=True):
-        if token_id is not None and int(token_id) != out_id:
-            raise ValueError(f"log-prob entry for token {token_id} where output has {out_id}")
-    finish = meta.get("finish_reason")
-    finish_type = finish.get("type") if isinstance(finish, dict) else finish
-    version = meta.get("weight_version")
     return GenerateResult(
-        prompt_ids=tuple(prompt_ids),
-        output_ids=output_ids,
-        output_logprobs=tuple(float(e[0]) for e in lp_entries),
-        finish_reason=str(finish_type) if finish_type is not None else "unknown",
-        weight_version=None if version is None else str(version),
+        turn=turn,
         cached_tokens=int(meta.get("cached_tokens") or 0),
         text=str(body.get("text") or ""),
         meta=meta,
@@ -277,19 +267,7 @@ class RolloutClient:
         sampling_params: dict[str, Any] | None = None,
     ) -> TurnRecord:
         """The agent loop's ``generate`` callable: one sampled turn as a :class:`TurnRecord`."""
-        try:
-            from agentrl.trajectory import TurnRecord
-        except ImportError:  # the package may not re-export it (yet)
-            from agentrl.trajectory.records import TurnRecord
-
-        result = await self.generate(input_ids, sampling_params, session_id=session_id)
-        return TurnRecord(
-            prompt_ids=result.prompt_ids,
-            output_ids=result.output_ids,
-            output_logprobs=result.output_logprobs,
-            finish_reason=result.finish_reason,
-            weight_version=result.weight_version,
-        )
+        return (await self.generate(input_ids, sampling_params, session_id=session_id)).turn
 
     # -- abort -------------------------------------------------------------------------------------
 

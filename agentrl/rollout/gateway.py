@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import threading
 import urllib.request
@@ -175,9 +174,7 @@ class Gateway:
         samples = self.finish_session(session_id, body.reward, group_id=body.group_id, metadata=body.metadata)
         out: dict[str, Any] = {"samples": [s.to_dict() for s in samples]}
         if turns is not None:
-            out["turns"] = [{"prompt_ids": list(t.prompt_ids), "output_ids": list(t.output_ids),
-                             "output_logprobs": list(t.output_logprobs), "finish_reason": t.finish_reason,
-                             "weight_version": t.weight_version} for t in turns]
+            out["turns"] = [t.to_dict() for t in turns]
         return out
 
 
@@ -335,15 +332,6 @@ def _check_args(args: argparse.Namespace) -> str | None:
     return None
 
 
-def context_length_of(model_dir: str | Path) -> int | None:
-    """``max_position_embeddings`` (or ``max_seq_len``) from a HF ``config.json``, if it says."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    for key in ("max_position_embeddings", "max_seq_len", "seq_length"):
-        if isinstance(config.get(key), int):
-            return config[key]
-    return None
-
-
 def _reachable(url: str) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -359,6 +347,7 @@ def build_gateway(router_url: str, model_dir: str | Path, *, policy: str = "real
     """A :class:`Gateway` generating through a :class:`RolloutClient` on ``router_url``, and that client."""
     from transformers import AutoTokenizer
 
+    from agentrl.engine.protocol import context_length_of
     from agentrl.rollout.client import RolloutClient
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -39,6 +39,7 @@ class RolloutManager:
                  log_dir: str | Path | None = None) -> None:
         from transformers import AutoTokenizer
 
+        from agentrl.engine.protocol import context_length_of
         from agentrl.envs.render import ChatRenderer
 
         self.model_dir = str(model_dir)
@@ -48,7 +49,7 @@ class RolloutManager:
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = ChatRenderer(tokenizer)
-        self.max_context_tokens = _context_length(self.model_dir)
+        self.max_context_tokens = context_length_of(self.model_dir)
         self.engines: list[Any] = []
         self.router: Any = None
         self._client: Any = None
@@ -163,10 +164,3 @@ class RolloutManager:
         batch = await self.rollout(tasks, 1, temperature=0.0, prove=False)
         rewards = [g[0].reward for g in batch.groups]
         return {"eval_accuracy": sum(rewards) / max(len(tasks), 1), "eval_episodes": float(len(rewards))}
-
-
-def _context_length(model_dir: str) -> int | None:
-    import json
-
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return config.get("max_position_embeddings")

@@ -96,10 +96,6 @@ class TurnRecord:
         object.__setattr__(self, "packed_prompt", packed_prompt)
         object.__setattr__(self, "packed_output", packed_output)
 
-    @property
-    def has_logprobs(self) -> bool:
-        return bool(self.output_logprobs) or not self.output_ids
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (use this, not ``dataclasses.asdict``, which would include the packed bytes)."""
         return {
@@ -121,16 +117,31 @@ class TurnRecord:
         )
 
     @classmethod
-    def from_generate_response(cls, prompt_ids: Iterable[int], response: Mapping[str, Any]) -> TurnRecord:
-        """Build a record from an SGLang-style ``/generate`` JSON body (``return_logprob=True``)."""
-        meta = response.get("meta_info") or {}
+    def from_generate_response(cls, prompt_ids: Iterable[int], response: Any) -> TurnRecord:
+        """Build a record from SGLang's ``/generate`` JSON answer to ``return_logprob: true``.
+
+        The one parser of that answer. Raises ``ValueError`` (or ``TypeError``) unless it is one complete
+        answer with a log-prob per output token. A missing finish reason is recorded as ``"unknown"``:
+        the engine did not say why it stopped.
+        """
+        if not isinstance(response, Mapping):
+            if isinstance(response, list):  # SGLang answers a list when n > 1; a turn is one continuation
+                raise ValueError("batched /generate answers (n > 1) are not supported")
+            raise TypeError(f"a /generate answer must be a JSON object, got {type(response).__name__}")
+        meta = response.get("meta_info")
+        if not isinstance(meta, Mapping):
+            raise ValueError("the /generate answer has no meta_info object")
         output_ids = response.get("output_ids")
-        pairs = meta.get("output_token_logprobs") or []
         if output_ids is None:
-            output_ids = [int(p[1]) for p in pairs]
-        logprobs = [p[0] for p in pairs]
-        if pairs and [p[1] for p in pairs] != list(output_ids):
-            raise ValueError("meta_info.output_token_logprobs token ids differ from output_ids")
+            raise ValueError("the /generate answer has no output_ids")
+        pairs = meta.get("output_token_logprobs") or []
+        if len(pairs) != len(output_ids):
+            raise ValueError(f"{len(pairs)} log-probs for {len(output_ids)} output tokens")
+        for i, ((_, token_id, *_), out_id) in enumerate(zip(pairs, output_ids, strict=True)):
+            if token_id is not None and token_id != out_id:
+                raise ValueError(
+                    f"meta_info.output_token_logprobs token ids differ from output_ids at {i}: {token_id} != {out_id}"
+                )
         finish = meta.get("finish_reason")
         if isinstance(finish, Mapping):
             finish = finish.get("type")
@@ -138,7 +149,7 @@ class TurnRecord:
         return cls(
             prompt_ids=tuple(prompt_ids),
             output_ids=tuple(output_ids),
-            output_logprobs=tuple(logprobs),
-            finish_reason=str(finish or "stop"),
+            output_logprobs=tuple(p[0] for p in pairs),
+            finish_reason="unknown" if finish is None else str(finish),
             weight_version=None if weight_version is None else str(weight_version),
         )

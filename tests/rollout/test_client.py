@@ -91,10 +91,10 @@ def test_request_shape_and_result_fields():
             assert headers[ROUTING_KEY_HEADER] == "sess-1"
             assert body == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 1.0},
                             "return_logprob": True, "rid": "my-rid"}
-            assert res.prompt_ids == (1, 2, 3) and res.output_ids == (4, 5)
-            assert res.output_logprobs == (-0.25, -1.5)
-            assert res.finish_reason == "length" and isinstance(res.finish_reason, str)
-            assert res.weight_version == "v1" and res.cached_tokens == 3 and res.text == "ab"
+            assert res.turn.prompt_ids == (1, 2, 3) and res.turn.output_ids == (4, 5)
+            assert res.turn.output_logprobs == (-0.25, -1.5)
+            assert res.turn.finish_reason == "length" and isinstance(res.turn.finish_reason, str)
+            assert res.turn.weight_version == "v1" and res.cached_tokens == 3 and res.text == "ab"
             assert res.meta["id"] == "my-rid" and res.rid == "my-rid"
 
             turn = await client.generate_turn([7, 8], session_id="sess-2", sampling_params={"max_new_tokens": 2})
@@ -116,7 +116,7 @@ def test_5xx_is_retried_with_fresh_rids_until_success():
     async def main():
         async with FaultServer(flaky) as srv, RolloutClient(srv.url, **FAST) as client:
             res = await client.generate([1], session_id="s", rid="base")
-            assert res.output_ids == (2, 3)
+            assert res.turn.output_ids == (2, 3)
             assert client.retries == 2
             assert [b["rid"] for b in srv.bodies] == ["base", "base-retry1", "base-retry2"]
             assert res.rid == "base-retry2"
@@ -139,7 +139,7 @@ def test_cut_stream_and_unparsable_200_are_retried():
     async def main():
         async with FaultServer(cut) as srv, RolloutClient(srv.url, **FAST) as client:
             res = await client.generate([1, 2], session_id="s")
-            assert res.output_ids == (3, 4) and client.retries == 2 and len(srv.bodies) == 3
+            assert res.turn.output_ids == (3, 4) and client.retries == 2 and len(srv.bodies) == 3
 
     run(main())
 
@@ -184,7 +184,7 @@ def test_429_is_retried():
 
     async def main():
         async with FaultServer(busy) as srv, RolloutClient(srv.url, **FAST) as client:
-            assert (await client.generate([1], session_id="s")).output_ids == (2, 3)
+            assert (await client.generate([1], session_id="s")).turn.output_ids == (2, 3)
             assert client.retries == 1
 
     run(main())
@@ -233,7 +233,7 @@ def test_engine_coming_back_during_retries_saves_the_request():
             await asyncio.sleep(0.2)  # a few refused attempts
             async with srv:
                 res = await asyncio.wait_for(task, 5)
-            assert res.output_ids == (5, 6) and client.retries >= 1
+            assert res.turn.output_ids == (5, 6) and client.retries >= 1
 
     run(main())
 
@@ -316,10 +316,10 @@ def test_bad_arguments_are_rejected_before_any_request():
 def test_parse_accepts_abort_and_missing_logprobs():
     res = parse_generate_response([1], {"text": "", "output_ids": [],
                                         "meta_info": {"finish_reason": {"type": "abort", "message": "paused"}}})
-    assert res.finish_reason == "abort" and res.output_ids == () and res.weight_version is None
+    assert res.turn.finish_reason == "abort" and res.turn.output_ids == () and res.turn.weight_version is None
     assert res.cached_tokens == 0
     res = parse_generate_response([1], json.loads(json.dumps(answer([1], version=None, finish="stop"))))
-    assert res.finish_reason == "stop" and res.weight_version is None
+    assert res.turn.finish_reason == "stop" and res.turn.weight_version is None
 
 
 def test_one_client_survives_several_event_loops():
@@ -333,8 +333,8 @@ def test_one_client_survives_several_event_loops():
         async with srv:
             return await client.generate([i], session_id="s")
 
-    assert run(one_call(1)).output_ids == (2, 3)
-    assert run(one_call(5)).output_ids == (6, 7)  # a new loop: the pool is rebuilt, not reused
+    assert run(one_call(1)).turn.output_ids == (2, 3)
+    assert run(one_call(5)).turn.output_ids == (6, 7)  # a new loop: the pool is rebuilt, not reused
 
     async def close():
         await client.aclose()
