@@ -172,11 +172,6 @@ def tis_weights(
     return (old_logprobs - rollout_logprobs).exp().clamp(clip_low, clip).detach()
 
 
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, how: Normalization = "token_mean"):
-    """Loss term ``-coef * reduce(entropy)`` (minimising it raises entropy)."""
-    return -coef * reduce_tokens(entropy, mask, how)
-
-
 # ---------------------------------------------------------------------------------------------- the combined loss
 
 
