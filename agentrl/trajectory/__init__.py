@@ -1,6 +1,7 @@
 """The trajectory contract: turn records in, training samples with per-token provenance out.
 
-Standard library only (no torch): this is the layer every other package stands on.
+Standard library only (no torch; :mod:`agentrl.plugins` loads plug-in drift policies): this is the layer
+every other package stands on.
 """
 
 from agentrl.trajectory.manager import (
