@@ -10,7 +10,8 @@ Handles (``handles=``; the ``tensor`` mode's ``transport=``):
   each bucket's storage into one CUDA IPC handle. Buckets are persistent staging buffers reused across
   syncs, so the engine opens each handle once (torch caches opened handles by storage) and later syncs
   are device-to-device copies. Needs the engine on the same GPU(s); not runnable on CPU-only machines
-  (untested here). Shared-memory segments, in contrast, are made fresh for every sync.
+  (bitwise on one H200: ``benchmarks/gpu_sync_check.py --mode ipc``). Shared-memory segments, in
+  contrast, are made fresh for every sync.
 * ``"safetensors"`` (any host): each bucket serialised into the HTTP body (one extra copy).
 
 The version is set with the last bucket only, so engines report the new version only once they hold
