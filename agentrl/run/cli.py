@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-from typing import Any
 
 from pydantic import ValidationError
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(cfg.model_dump_json(indent=2))
         return 0
-    signal.signal(signal.SIGTERM, _interrupt)
+    from agentrl.engine.process import exit_on_sigterm
+
+    exit_on_sigterm()
     if args.train_only:
         from agentrl.run.train_only import train_from_samples
 

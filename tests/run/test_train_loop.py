@@ -34,8 +34,10 @@ def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
     assert "eval_accuracy" in steps[2]
     for r in steps[1:]:
         assert r["rollout/episodes"] == 8 and r["rollout/unproven_trained_tokens"] == 0
+        assert r["verify/samples"] >= 8 and r["verify/refused"] == 0 and r["verify/seconds"] >= 0
         assert r["sync/bytes_sent"] > 0 and r["sync/full_bytes"] > 0
     assert (out / "reward_curve.png").stat().st_size > 0
+    assert list((out / "logs").glob("engine-*.log")) and list((out / "logs").glob("router-*.log"))
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-2"
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0", "step-2"]  # keeps 2
 
