@@ -124,7 +124,7 @@ async def bench_rollout_client(url: str, n: int, concurrency: int) -> dict:
 
         async def send(i: int) -> None:
             res = await client.generate(PROMPT, PARAMS, session_id=f"s{i % 512}")
-            assert len(res.output_ids) == 1
+            assert len(res.turn.output_ids) == 1
 
         return await _drive(send, n, concurrency)
 

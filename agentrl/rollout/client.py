@@ -84,11 +84,6 @@ class GenerateResult:
     meta: dict[str, Any] = field(repr=False, compare=False)
     rid: str = ""
 
-    @property
-    def output_ids(self) -> tuple[int, ...]:
-        """Deprecated alias of ``turn.output_ids``, kept only until benchmarks/client_bench.py reads ``turn``."""
-        return self.turn.output_ids
-
 
 def _server_message(raw: bytes) -> str:
     """The human part of an error body: SGLang/FastAPI/smg put it in different places."""

@@ -32,11 +32,10 @@ def _generate(url: str, input_ids: list[int], max_new_tokens: int, temperature: 
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature},
         "return_logprob": True,
     })
-    pairs = out["meta_info"]["output_token_logprobs"]
-    ids = [int(p[1]) for p in pairs]
-    if "output_ids" in out and list(out["output_ids"]) != ids:
-        raise RuntimeError("engine output_ids disagree with output_token_logprobs token ids")
-    return ids, [float(p[0]) for p in pairs]
+    from agentrl.trajectory import TurnRecord
+
+    turn = TurnRecord.from_generate_response(input_ids, out)
+    return list(turn.output_ids), list(turn.output_logprobs)
 
 
 def sample_conversations(url: str, tokenizer: Any, n: int, *, turns: int = 2, max_new_tokens: int = 24,

@@ -21,10 +21,6 @@ from agentrl.run.warmup import WarmupConfig
 from agentrl.settings import Settings
 from agentrl.trainer.trainer_config import TrainerConfig
 
-# Built-in weight-sync modes; a "module:Class" path to a user's WeightSync is accepted too. Names only
-# here (the classes import torch): the weights package checks its own table against this one in a test.
-SYNC_MODES = ("disk", "tensor", "broadcast", "delta")
-
 
 class ModelSection(Settings):
     path: str | None = Field(None, description="local HF model dir; None builds the tiny test model")
@@ -54,9 +50,9 @@ class RunConfig(Settings):
     steps: int = Field(40, ge=0, description="GRPO steps")
     max_minutes: float = Field(10.0, gt=0, description="GRPO wall-time budget; the run stops after the step that passes it")
     loop: Literal["sync", "async"] = Field("sync", description="schedule: sync, or async (one step off-policy)")
-    sync_mode: str = Field("delta", description="weight sync: disk, tensor, broadcast, delta, or module:Class")
+    sync_mode: str = Field("delta", description="weight sync payload: full, delta (or the presets disk, tensor, broadcast), or module:Class")
     sync_options: dict[str, Any] = Field(default_factory=dict,
-                                         description='keyword arguments of the sender, e.g. {"transport": "broadcast"}')
+                                         description='keyword arguments of the sender, e.g. {"transport": "disk" | "broadcast" | "tensor" | module:Class}')
     seed: int = Field(0, description="seed of tasks, warm-up and sampling order")
     group_filter: str = Field("agentrl.rollout.buffer:has_reward_variance",
                               description="module:function group -> keep? (default: drop zero-variance groups)")
@@ -92,8 +88,10 @@ class RunConfig(Settings):
     @field_validator("sync_mode")
     @classmethod
     def _sync_mode_loads(cls, mode: str) -> str:
-        if mode not in SYNC_MODES:
-            resolve(mode, {}, what="sync_mode")
+        from agentrl.weights.sync import MODES  # names only: the classes load (with torch) when a sync starts
+
+        if mode not in MODES:
+            resolve(mode, MODES, what="sync_mode")
         return mode
 
     @model_validator(mode="after")

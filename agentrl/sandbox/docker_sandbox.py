@@ -1,4 +1,4 @@
-"""A sandbox in a Docker container, with the isolation flags measured in DESIGN.md §4.
+"""A sandbox in a Docker container, with the isolation flags that held every attack tried here.
 
 Layout of one sandbox: a container whose main process is ``sleep infinity`` under ``--init`` as uid
 65534, a tmpfs-backed size-limited named volume at /work (``put_archive``-proof and wiped on reset), a

@@ -3,7 +3,7 @@
 Each step checks first and does nothing when its result is already there, so ``agentrl sandbox setup``
 is cheap to run before every test session. No registry is reachable from these machines, so the image
 is built offline: ``debootstrap`` a minimal Debian with python3 from the mirror apt already uses, then
-``docker import`` the tree (DESIGN.md §4).
+``docker import`` the tree (no registry is reachable, so the base image is built, not pulled).
 """
 
 from __future__ import annotations

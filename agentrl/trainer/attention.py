@@ -1,7 +1,7 @@
 """Core attention over ``torch.nn.functional.scaled_dot_product_attention`` for the local layer spec.
 
 Megatron's local ``DotProductAttention`` materialises the ``[b, heads, s, s]`` score matrix (O(S²)
-memory: a 0.63B model at 4k x 4 tokens ran out of 139 GiB, DESIGN.md §4). SDPA dispatches to a
+memory: a 0.63B model at 4k x 4 tokens ran out of 139 GiB on one H200). SDPA dispatches to a
 flash / memory-efficient kernel instead. Masking is causal only: batches are right-padded, so padded
 positions sit after every real token and never influence a real token's output.
 """

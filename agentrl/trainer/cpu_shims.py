@@ -1,4 +1,4 @@
-"""Let megatron-core 0.16.1 run on a CPU-only torch build (gloo), measured in DESIGN.md §4.
+"""Let megatron-core 0.16.1 run on a CPU-only torch build (gloo): the few CUDA assumptions it makes, mapped to CPU.
 
 Everything here is a no-op when CUDA is available: on a GPU Megatron runs unmodified.
 Two parts:

@@ -68,7 +68,7 @@ async def _episodes(url: str, prefix: str, n_sessions: int, n_turns: int, params
             for _ in range(n_turns):
                 res = await client.generate(prompt, params, session_id=f"{prefix}-{i}")
                 turns.append(res)
-                prompt = [*prompt, *res.output_ids, 2, 1, 5]
+                prompt = [*prompt, *res.turn.output_ids, 2, 1, 5]
             return turns
 
         return await asyncio.gather(*(episode(i) for i in range(n_sessions)))
@@ -93,8 +93,8 @@ def test_sessions_stay_on_one_engine_and_cached_tokens_grow(fleet):
         cached = [t.cached_tokens for t in turns]
         assert cached[0] <= 1 and all(b > a for a, b in zip(cached, cached[1:], strict=False)), cached
         for t in turns:
-            assert t.finish_reason == "length" and len(t.output_ids) == len(t.output_logprobs) == 1
-            assert t.weight_version == "default" and all(lp <= 0 for lp in t.output_logprobs)
+            assert t.turn.finish_reason == "length" and len(t.turn.output_ids) == len(t.turn.output_logprobs) == 1
+            assert t.turn.weight_version == "default" and all(lp <= 0 for lp in t.turn.output_logprobs)
     served = [_requests_served(e.url) - b for e, b in zip(fleet.engines[:2], before, strict=True)]
     # Whole sessions per engine (multiples of 4 turns), both engines used, none lost.
     assert sum(served) == 200 and all(s % 4 == 0 and s >= 40 for s in served), served
@@ -193,7 +193,7 @@ def test_engine_killed_mid_run_loses_no_episode(fleet):
     episodes = asyncio.run(run())
     assert not victim.alive
     assert len(episodes) == 16 and all(len(t) == 3 for t in episodes)
-    assert all(t.finish_reason == "length" and len(t.output_ids) == 6 for turns in episodes for t in turns)
+    assert all(t.turn.finish_reason == "length" and len(t.turn.output_ids) == 6 for turns in episodes for t in turns)
     survivors = [e for e in engines if e is not victim]
     served = sum(_requests_served(e.url) - b for e, b in zip(engines, before, strict=True) if e is not victim)
     assert served >= 16, served  # the survivors did the rest

@@ -35,7 +35,7 @@ async def _episodes(url: str, prefix: str, n_sessions: int, n_turns: int, **clie
             for _ in range(n_turns):
                 res = await client.generate(prompt, {"max_new_tokens": 2}, session_id=f"{prefix}-{i}")
                 turns.append(res)
-                prompt = [*prompt, *res.output_ids, 7, 8]
+                prompt = [*prompt, *res.turn.output_ids, 7, 8]
             return turns
 
         return await asyncio.gather(*(episode(i) for i in range(n_sessions))), client.retries
@@ -77,7 +77,7 @@ def test_sessions_stay_on_one_engine_and_cached_tokens_grow(stub_engines):
     for turns in episodes:
         cached = [t.cached_tokens for t in turns]
         assert cached[0] <= 2 and all(b > a for a, b in zip(cached, cached[1:], strict=False)), cached
-        assert all(len(t.output_logprobs) == len(t.output_ids) == 2 for t in turns)
+        assert all(len(t.turn.output_logprobs) == len(t.turn.output_ids) == 2 for t in turns)
 
 
 def test_engine_added_at_run_time_receives_new_sessions_and_removed_one_none(stub_engines):
@@ -134,7 +134,7 @@ def test_rl_fanout_pause_update_continue_reaches_every_engine(stub_engines, tmp_
                 return await asyncio.wait_for(task, 10)
 
         result = asyncio.run(during_pause())
-        assert result.weight_version == "step-7"
+        assert result.turn.weight_version == "step-7"
         assert [s.stats()["weight_version"] for s in stubs] == ["step-7", "step-7"]
         assert not any(s.stats()["paused"] for s in stubs)
 
@@ -174,7 +174,7 @@ def test_bad_worker_and_bad_requests_get_clear_errors(stub_engines):
                 assert err.value.status == 400 and "max_new_tokens" in err.value.message
                 assert client.retries == 0
                 ok = await client.generate([1, 2], {"max_new_tokens": 1}, session_id="bad")
-                assert ok.output_ids == (3,)
+                assert ok.turn.output_ids == (3,)
 
         asyncio.run(bad())
     with pytest.raises(RouterError, match="enable_rl"):

@@ -66,7 +66,7 @@ def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_
                     client.generate([1, 5, 6], {"max_new_tokens": 2, "ignore_eos": True}, session_id=f"serve-{i}") for i in range(4)))
 
         results = asyncio.run(two_sessions())
-        assert all(len(r.output_ids) == 2 and r.weight_version is not None for r in results)
+        assert all(len(r.turn.output_ids) == 2 and r.turn.weight_version is not None for r in results)
 
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert proc.wait(timeout=60) == 0
