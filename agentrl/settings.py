@@ -8,9 +8,21 @@ only, so every layer may use it.
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+from agentrl.plugins import load_function
+
+
+def _loads(path: str) -> str:
+    load_function(path)
+    return path
+
+
+# A config field naming a plug-in function: loaded at validation, so a bad path fails at config load
+# with the module and attribute it looked for.
+FunctionPath = Annotated[str, AfterValidator(_loads)]
 
 
 class Settings(BaseModel):

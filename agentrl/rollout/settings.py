@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from agentrl.settings import Settings
+from agentrl.settings import FunctionPath, Settings
 
 
 class RolloutSettings(Settings):
@@ -24,7 +24,7 @@ class RolloutSettings(Settings):
     max_new_tokens: int = Field(48, ge=1, description="cap on generated tokens per turn")
     concurrency: int = Field(64, ge=1, description="episodes in flight at once")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
-    rollout_function: str | None = Field(None, description="module:function replacing the agent loop (same signature)")
+    rollout_function: FunctionPath | None = Field(None, description="module:function replacing the agent loop (same signature)")
 
     @field_validator("policy")
     @classmethod
@@ -32,13 +32,4 @@ class RolloutSettings(Settings):
         from agentrl.trajectory.policies import make_policy
 
         make_policy(value)
-        return value
-
-    @field_validator("rollout_function")
-    @classmethod
-    def _function_loads(cls, value: str | None) -> str | None:
-        from agentrl.plugins import load_function
-
-        if value is not None:
-            load_function(value)
         return value

@@ -15,10 +15,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrl.plugins import load_function, resolve
+from agentrl.plugins import resolve
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.run.warmup import WarmupConfig
-from agentrl.settings import Settings
+from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.trainer_config import TrainerConfig
 
 
@@ -41,10 +41,10 @@ class RunConfig(Settings):
     moved_keys: ClassVar[dict[str, str]] = {"temperature": "set it as rollout.temperature"}
 
     env: str = Field("agentrl.envs.arithmetic:ArithmeticToolEnv", description="module:Class of the Environment")
-    tasks: str = Field("agentrl.envs.arithmetic:make_tasks",
+    tasks: FunctionPath = Field("agentrl.envs.arithmetic:make_tasks",
                        description="module:function (n, *, seed, split, **task_kwargs) -> tasks; split is train or heldout")
     task_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of tasks")
-    expert: str | None = Field(None, description="module:function task -> expert messages; set: supervised warm-up first")
+    expert: FunctionPath | None = Field(None, description="module:function task -> expert messages; set: supervised warm-up first")
     output_dir: str = Field("runs/agentrl", description="metrics.jsonl, reward_curve.png, checkpoints/, logs/")
     cache_dir: str = Field(".cache/agentrl", description="built and warmed-up models, reused across runs")
     steps: int = Field(40, ge=0, description="GRPO steps")
@@ -54,7 +54,7 @@ class RunConfig(Settings):
     sync_options: dict[str, Any] = Field(default_factory=dict,
                                          description='keyword arguments of the sender, e.g. {"transport": "disk" | "broadcast" | "tensor" | module:Class}')
     seed: int = Field(0, description="seed of tasks, warm-up and sampling order")
-    group_filter: str = Field("agentrl.rollout.buffer:has_reward_variance",
+    group_filter: FunctionPath = Field("agentrl.rollout.buffer:has_reward_variance",
                               description="module:function group -> keep? (default: drop zero-variance groups)")
     colocate: bool = Field(False, description="release engine memory while training (needs loop sync)")
     trainer_ranks: int = Field(1, ge=1, description="Megatron ranks (Ray actors)")
@@ -63,19 +63,6 @@ class RunConfig(Settings):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the Megatron trainer")
     eval: EvalSection = Field(default_factory=EvalSection, description="held-out evaluation")
-
-    @field_validator("tasks", "group_filter")
-    @classmethod
-    def _function_loads(cls, path: str) -> str:
-        load_function(path)
-        return path
-
-    @field_validator("expert")
-    @classmethod
-    def _expert_loads(cls, path: str | None) -> str | None:
-        if path is not None:
-            load_function(path)
-        return path
 
     @field_validator("env")
     @classmethod

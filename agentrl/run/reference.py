@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -23,8 +24,19 @@ exist, a path to your own object is accepted too.
 
 
 def _type(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
-    return (text or str(annotation).replace("typing.", "")).replace("NoneType", "None")
+    """``str | None``, ``Literal['sync', 'async']``, ``dict[str, Any]``: as a user would write it."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type(args[0])
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type(a) for a in args)
+    if origin is Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
 def _default(field: Any) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from agentrl.plugins import load_function
-from agentrl.settings import Settings
+from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.losses import LossConfig
 
 
@@ -46,20 +45,13 @@ class TrainerConfig(Settings):
     pad_id: int = Field(0, description="token id used for padding")
     # RL
     loss: LossConfig = Field(default_factory=LossConfig, description="the policy loss and its variants")
-    advantage_fn: str = Field("agentrl.trainer.losses:grpo_advantages",
+    advantage_fn: FunctionPath = Field("agentrl.trainer.losses:grpo_advantages",
                               description="(rewards, group_ids) -> advantages")
-    credit_fn: str | None = Field(None, description="(samples, advantages) -> samples, loss masks only narrowed")
+    credit_fn: FunctionPath | None = Field(None, description="(samples, advantages) -> samples, loss masks only narrowed")
     reward_key: str = Field("score", description="the scalar read when Sample.reward is a dict")
     kl_in_reward: bool = Field(False, description="subtract loss.kl_coef x KL from rewards, not add it to the loss")
     ref_model_dir: str | None = Field(None, description="reference policy for KL; None: the initial model")
     old_logprobs: Literal["train", "rollout"] = Field("train", description="behaviour policy: a fresh forward or the sampler's")
-
-    @field_validator("advantage_fn", "credit_fn")
-    @classmethod
-    def _plugin_loads(cls, path: str | None) -> str | None:
-        if path is not None:
-            load_function(path)
-        return path
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
