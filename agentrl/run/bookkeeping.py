@@ -15,13 +15,24 @@ CONSOLE_KEYS = ("step", "warmup_step", "warmup_check_accuracy", "eval_accuracy",
 
 
 class MetricsLog:
-    """Append-only JSONL of metric rows, each stamped with wall time since the log was opened."""
+    """Append-only JSONL of metric rows, each stamped with the run's wall time (``elapsed_s``).
 
-    def __init__(self, path: Path, append: bool = False) -> None:
+    ``resume_step``: continue a run from its checkpoint at that step: rows of later steps (written after
+    the checkpoint, before the run stopped) are dropped, since the resumed run writes them again, and
+    time keeps counting from the last kept row. Without it the log starts empty."""
+
+    def __init__(self, path: Path, *, resume_step: int | None = None) -> None:
         self.path = path
-        self.started = time.monotonic()
-        if not append:
+        offset = 0.0
+        if resume_step is None:
             path.write_text("")
+        else:
+            kept = [r for r in self.rows() if r.get("step", 0) <= resume_step] if path.exists() else []
+            offset = max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(path)  # a crash here leaves the old log whole, not a cut one
+        self.started = time.monotonic() - offset
 
     def write(self, row: dict[str, Any]) -> None:
         row = {**row, "elapsed_s": round(time.monotonic() - self.started, 2)}
@@ -48,13 +59,19 @@ class CheckpointDir:
         pointer = self.root / "latest"
         return self.root / pointer.read_text().strip() if pointer.exists() else None
 
+    def latest_step(self) -> int | None:
+        latest = self.latest()
+        return int(latest.name.removeprefix("step-")) if latest is not None else None
+
     def mark_latest(self, step: int) -> None:
         """Point ``latest`` at ``step`` atomically (a crash mid-save leaves the old pointer), then delete
         all but the newest ``keep`` checkpoints."""
         tmp = self.root / "latest.tmp"
         tmp.write_text(self.path(step).name)
         tmp.replace(self.root / "latest")
-        steps = sorted((p for p in self.root.glob("step-*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+        # Complete checkpoints only (a killed save leaves a temp name that is not step-<int>).
+        steps = sorted((p for p in self.root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
+                       key=lambda p: int(p.name[5:]))
         for old in steps[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -82,3 +99,26 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
+
+
+class RunDirError(ValueError):
+    """The output directory holds another run, or nothing to resume."""
+
+
+def claim_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Make ``out`` this run's: refuse one that already holds a run unless it is resumed (``resume``) or
+    replaced (``overwrite``, which deletes its checkpoints, metrics, curve and logs)."""
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite contradict each other")
+    held = [p for p in (out / "metrics.jsonl", out / "checkpoints") if p.exists() and (p.is_dir() or p.stat().st_size)]
+    if resume:
+        if not (out / "checkpoints" / "latest").exists():
+            raise RunDirError(f"--resume: {out} has no checkpoint to resume (checkpoints/latest is missing)")
+        return
+    if held and not overwrite:
+        raise RunDirError(f"{out} already holds a run ({', '.join(p.name for p in held)}); pass --resume to "
+                          "continue it or --overwrite to replace it")
+    for name in ("checkpoints", "logs"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("metrics.jsonl", "reward_curve.png"):
+        (out / name).unlink(missing_ok=True)

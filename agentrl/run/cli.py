@@ -22,13 +22,14 @@ def main(argv: list[str] | None = None) -> int:
                "docs/config.md lists them all.")
     parser.add_argument("--output-dir", help="where metrics.jsonl, reward_curve.png, checkpoints/ and logs/ go")
     parser.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoints/latest")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run OUTPUT_DIR holds (its checkpoints and metrics)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     parser.add_argument("--train-only", metavar="SAMPLES_JSONL",
                         help="debug mode: train on saved Samples (from `agentrl rollout`), no engines")
     argv = list(sys.argv[1:] if argv is None else argv)
     # The optional YAML path comes first; everything after the known flags is a config override.
     config = argv.pop(0) if argv and not argv[0].startswith("-") else None
-    parser.usage = "agentrl train [CONFIG.yaml] [--output-dir DIR] [--resume] [--print-config] [--section.field VALUE ...]"
+    parser.usage = "agentrl train [CONFIG.yaml] [--output-dir DIR] [--resume | --overwrite] [--print-config] [--section.field VALUE ...]"
     args, rest = parser.parse_known_args(argv)
     if args.output_dir:
         rest += ["--output_dir", args.output_dir]
@@ -49,9 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         out = train_from_samples(cfg, args.train_only)
         print(json.dumps({"output_dir": str(out), "steps": sum(1 for _ in (out / "metrics.jsonl").open())}))
         return 0
+    from agentrl.run.bookkeeping import RunDirError
     from agentrl.run.loop import train
 
-    out = train(cfg, resume=args.resume)
+    try:
+        out = train(cfg, resume=args.resume, overwrite=args.overwrite)
+    except RunDirError as err:
+        print(f"agentrl train: {err}", file=sys.stderr)
+        return 2
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
              if "step" in r and "eval_accuracy" in r]  # warm-up rows carry warmup_step instead
     print(json.dumps({"output_dir": str(out), "first_eval": evals[0]["eval_accuracy"],

@@ -39,9 +39,9 @@ def train_one_step_off(run: Run) -> None:
 SCHEDULES: dict[str, Callable[[Run], None]] = {"sync": train_sync, "async": train_one_step_off}
 
 
-def train(cfg: RunConfig, *, resume: bool = False) -> Path:
+def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Path:
     """Run ``cfg`` under its schedule; returns the output directory (metrics.jsonl, reward_curve.png,
     checkpoints/, logs/)."""
-    with Run(cfg, resume=resume) as run:
+    with Run(cfg, resume=resume, overwrite=overwrite) as run:
         SCHEDULES[cfg.loop](run)
     return run.out

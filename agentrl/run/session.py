@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.plugins import load_function
-from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, plot_curves
+from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
 
 
@@ -32,16 +32,19 @@ class PendingBatch:
 class Run:
     """Use as a context manager: ``with Run(cfg, resume=...) as run: schedule(run)``."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> None:
+        """Claims the output directory (:func:`claim_output_dir`) before anything starts."""
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        claim_output_dir(self.out, resume=resume, overwrite=overwrite)
         self.checkpoints = CheckpointDir(self.out / "checkpoints")
-        self.resume = resume and self.checkpoints.latest() is not None
+        self.resume = resume
         self.log_dir = self.out / "logs"
         self.make_tasks = load_function(cfg.tasks)
         self.heldout = self.make_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", **cfg.task_kwargs)
-        self.log = MetricsLog(self.out / "metrics.jsonl", append=self.resume)
+        self.log = MetricsLog(self.out / "metrics.jsonl",
+                              resume_step=self.checkpoints.latest_step() if resume else None)
         self.first_step = 0
         self.rollout: Any = None
         self.trainers: list[Any] = []
