@@ -81,7 +81,7 @@ def _assert_each_turn_reused_the_previous_one(episodes) -> None:
     """
     for turns in episodes:
         for prev, cur in zip(turns, turns[1:], strict=False):
-            assert cur.cached_tokens >= len(prev.prompt_ids), [t.cached_tokens for t in turns]
+            assert cur.cached_tokens >= len(prev.turn.prompt_ids), [t.cached_tokens for t in turns]
 
 
 def test_sessions_stay_on_one_engine_and_cached_tokens_grow(fleet):
@@ -160,7 +160,7 @@ def test_pause_update_continue_changes_version_and_logprobs_everywhere(fleet, tm
                 results.append(await client.generate([1, 200 + i, 3], {"max_new_tokens": 3, "ignore_eos": True}, session_id="d"))
         return results
 
-    turns = [turn for (turn,) in episodes] + asyncio.run(one_per_engine())
+    turns = [res.turn for (res,) in episodes] + [res.turn for res in asyncio.run(one_per_engine())]
     assert all(turn.weight_version == "step-1" for turn in turns)
     new_model = _reference_logprobs(new_dir, turns)
     old_model = _reference_logprobs(fleet.model_dir, turns)
