@@ -12,11 +12,22 @@ Megatron's loading template always allocates one, so the two sharded state dicts
 optimizer holds nothing that the model, the config and the LR schedule do not determine, so it is not
 saved at all (``optimizer_state: "not_stepped"``); loading resets the optimizer to that fresh state and
 re-copies its main (fp32) parameters from the loaded model.
+
+On disk: ``save_checkpoint(".../step-N")`` writes into the sibling ``step-N.tmp-<pid>`` (rank 0's pid),
+then :data:`MANIFEST` (every other file's size and xxh3-64 checksum) as its last file, and only then
+renames it to ``step-N``; a complete ``step-N`` already there is swapped out atomically and deleted. A
+save killed at any point leaves ``step-N`` as it was (absent, or the earlier attempt's) plus a temp
+sibling, which the next save of ``step-N`` removes. ``load_checkpoint`` checks every file against the
+manifest before it reads any of them; checkpoints written before the manifest existed load with a warning.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
+import os
 import random
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +43,10 @@ OPTIMIZER_NOT_STEPPED = "not_stepped"
 # which its torch_dist save strategy rejects; "fully_reshardable" stores model-shaped tensors (any TP/DP).
 _DISTOPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 _COMMON_KEYS = ("scheduler", "step", "extra_state")
+MANIFEST = "agentrl-manifest.json"
+_MANIFEST_FORMAT = 1
+_TMP, _OLD = ".tmp-", ".old-"
+_CHUNK = 8 << 20
 
 
 class CheckpointError(ValueError):
@@ -140,25 +155,195 @@ def _reset_optimizer(optimizer) -> None:
     optimizer.reload_model_params()
 
 
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def _xxh3():
+    import xxhash
+
+    return xxhash.xxh3_64()
+
+
+def _digest(file: Path) -> dict[str, Any]:
+    """Size and checksum of ``file``, flushed to disk on the way (it is about to be renamed into place)."""
+    digest, size = _xxh3(), 0
+    buf = bytearray(_CHUNK)
+    with open(file, "rb") as f:
+        while n := f.readinto(buf):
+            digest.update(memoryview(buf)[:n])
+            size += n
+        os.fsync(f.fileno())
+    return {"size": size, "xxh3_64": digest.hexdigest()}
+
+
+def _files_checksum(files: dict[str, Any]) -> str:
+    digest = _xxh3()
+    digest.update(json.dumps(files, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def _checkpoint_files(directory: Path) -> list[str]:
+    return sorted(str(f.relative_to(directory)) for f in directory.rglob("*") if f.is_file() and f.name != MANIFEST)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(directory: str | Path, digests: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write :data:`MANIFEST` for the files in ``directory`` (``digests``: already computed ones)."""
+    path = Path(directory)
+    files = dict(digests) if digests is not None else {name: _digest(path / name) for name in _checkpoint_files(path)}
+    body = {"format": _MANIFEST_FORMAT, "files": files, "files_checksum": _files_checksum(files)}
+    with open(path / MANIFEST, "w") as f:
+        json.dump(body, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _share(items: list[str]) -> list[str]:
+    """This rank's part of ``items`` when every rank reads a slice of the checkpoint's files."""
+    return items[dist.get_rank()::dist.get_world_size()]
+
+
+def _seal(path: Path) -> None:
+    """Collective: every rank checksums a share of the files, rank 0 writes the manifest."""
+    names: list[Any] = [_checkpoint_files(path) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    mine = {name: _digest(path / name) for name in _share(names[0])}
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    if dist.get_rank() == 0:
+        write_manifest(path, {k: v for part in parts for k, v in part.items()})
+
+
+def _kind(name: str) -> str:
+    return "shard file" if name.endswith(".distcp") else "file"
+
+
+def _check_against(path: Path, files: dict[str, Any], names: list[str]) -> str | None:
+    """The first of ``names`` whose bytes differ from the manifest entry, as an error message."""
+    for name in names:
+        want, file = files[name], path / name
+        have = file.stat().st_size if file.is_file() else None
+        if have is None:
+            return f"checkpoint {path} is incomplete: {_kind(name)} {name} is missing"
+        if have < want["size"]:
+            return f"checkpoint {path} is incomplete: {_kind(name)} {name} has {have} of {want['size']} bytes"
+        if have != want["size"] or _digest(file)["xxh3_64"] != want["xxh3_64"]:
+            return (f"checkpoint {path} is corrupt: {_kind(name)} {name} does not match the checksum in "
+                    f"{MANIFEST} (its bytes changed after the save)")
+    return None
+
+
+def _verify(path: Path) -> None:
+    """Collective: check every file against the manifest (each rank a share) before anything is loaded."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        warnings.warn(f"checkpoint {path} has no {MANIFEST} (written before agentrl checksummed its "
+                      "checkpoints): its bytes cannot be verified", stacklevel=3)
+        return
+    try:
+        body = json.loads(manifest.read_text())
+        files = body["files"]
+        intact = body.get("format") == _MANIFEST_FORMAT and _files_checksum(files) == body["files_checksum"]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its {MANIFEST} is unreadable ({e})") from e
+    if not intact:
+        raise CheckpointError(f"checkpoint {path}: its {MANIFEST} is corrupt (its own checksum does not match)")
+    problems: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, _check_against(path, files, _share(sorted(files))))
+    first = next((p for p in problems if p is not None), None)
+    if first is not None:
+        raise CheckpointError(first)
+
+
+# ---------------------------------------------------------------------------------------------- directories
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2``); False where the system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _is_replaceable(path: Path) -> bool:
+    """An empty directory or a checkpoint (complete, or an older agentrl's): never a user's other directory."""
+    return path.is_dir() and (not any(path.iterdir()) or (path / MANIFEST).is_file()
+                              or (path / "metadata.json").is_file())
+
+
+def _prepare_temp(path: Path) -> Path:
+    """Rank 0: remove what killed saves of ``path`` left, and create this save's temp sibling."""
+    if path.exists() and not _is_replaceable(path):
+        raise FileExistsError(f"{path} exists and is not a checkpoint: not replacing it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.iterdir():
+        if stale.name.startswith((path.name + _TMP, path.name + _OLD)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}")
+    tmp.mkdir()
+    return tmp
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rank 0: make the sealed ``tmp`` the checkpoint at ``path``, replacing an earlier one atomically."""
+    if not path.exists():
+        tmp.rename(path)
+    elif _exchange(tmp, path):
+        shutil.rmtree(tmp)  # now the earlier checkpoint
+    else:
+        # No atomic swap here: a kill between the two renames leaves no `path`, but both complete
+        # checkpoints under their temp names.
+        old = path.with_name(f"{path.name}{_OLD}{os.getpid()}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old)
+    _fsync_dir(path.parent)
+
+
+def _on_rank0(fn, *args) -> Any:
+    """``fn(*args)`` on rank 0, its result (or its exception, re-raised) on every rank."""
+    out: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            out[0] = ("ok", fn(*args))
+        except Exception as e:  # every rank must learn of it, or the others wait at the next collective
+            out[0] = ("error", e)
+    dist.broadcast_object_list(out, src=0)
+    status, value = out[0]
+    if status == "error":
+        raise value
+    return value
+
+
 # ---------------------------------------------------------------------------------------------- save / load
 
 
 def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step: int,
                     extra_state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint of ``model`` (an unwrapped GPTModel) and its optimizer into ``directory``.
+    """Write a checkpoint of ``model`` (an unwrapped GPTModel) and its optimizer as ``directory``.
 
-    Collective: every rank calls it. Megatron's writer starts a ``spawn`` multiprocessing manager once per
+    ``directory`` appears only once complete (see the module docstring); an earlier checkpoint there is
+    replaced, anything else there is a ``FileExistsError``. Collective: every rank calls it; all ranks
+    must see one filesystem. Megatron's writer starts a ``spawn`` multiprocessing manager once per
     process, which re-imports ``__main__``: a script that saves needs the ``if __name__ == "__main__":``
     guard (otherwise Python's bootstrapping RuntimeError).
     """
     from megatron.core import dist_checkpointing
 
     path = Path(directory)
-    if dist.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
-        if any(path.iterdir()):
-            raise FileExistsError(f"checkpoint directory {path} is not empty")
-    dist.barrier()
+    tmp = _on_rank0(_prepare_temp, path)
     stepped = _optimizer_has_stepped(optimizer)
     with cuda_to_cpu():
         model_sd = model.sharded_state_dict()
@@ -170,8 +355,10 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
         state["step"] = step
         state["extra_state"] = dict(extra_state or {})
         state["world_size"] = dist.get_world_size()  # RNG states are per rank
-        dist_checkpointing.save(state, str(path))
+        dist_checkpointing.save(state, str(tmp))
     dist.barrier()
+    _seal(tmp)
+    _on_rank0(_move_into_place, tmp, path)
     return path
 
 
@@ -180,7 +367,14 @@ def _load_common(path: Path) -> dict[str, Any]:
 
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
+    if not ((path / "metadata.json").is_file() or (path / MANIFEST).is_file()):
+        raise FileNotFoundError(f"{path} is not a dist_checkpointing checkpoint (no metadata.json)")
+    _verify(path)  # before metadata.json is parsed: a flipped byte there is corruption too
+    try:
+        is_checkpoint = dist_checkpointing.check_is_distributed_checkpoint(str(path))
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read its metadata.json ({e})") from e
+    if not is_checkpoint:
         raise FileNotFoundError(f"{path} is not a dist_checkpointing checkpoint (no metadata.json)")
     try:
         common = dist_checkpointing.load_common_state_dict(str(path))
@@ -201,7 +395,8 @@ def _load_common(path: Path) -> dict[str, Any]:
 def _check_shard_files(path: Path) -> None:
     """Every byte range the checkpoint's index points at must exist (a save that died leaves them short).
 
-    Checked before loading because the load writes into the live parameters as it reads.
+    Checked before loading because the load writes into the live parameters as it reads; the one check
+    of a checkpoint without a manifest.
     """
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -235,7 +430,8 @@ def load_checkpoint(directory: str | Path, model, optimizer, scheduler) -> tuple
     """Restore everything :func:`save_checkpoint` wrote; returns ``(step, extra_state)``.
 
     Raises ``FileNotFoundError`` for a missing directory or one that is no checkpoint, and
-    :class:`CheckpointError` for a checkpoint that is incomplete, corrupt or does not fit this trainer.
+    :class:`CheckpointError` for a checkpoint that is incomplete, corrupt (a file that differs from the
+    manifest, named in the message) or does not fit this trainer; all before the trainer is touched.
     """
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException

@@ -9,7 +9,7 @@ import torch
 from trainer_samples import synthetic_samples
 
 from agentrl.trainer.actor import MegatronTrainer
-from agentrl.trainer.checkpoint import OPTIMIZER_NOT_STEPPED, OPTIMIZER_SAVED, CheckpointError
+from agentrl.trainer.checkpoint import OPTIMIZER_NOT_STEPPED, OPTIMIZER_SAVED, CheckpointError, write_manifest
 from agentrl.trainer.trainer_config import TrainerConfig
 
 warnings.filterwarnings("ignore")
@@ -106,6 +106,12 @@ def _copy(src, dst):
     return dst
 
 
+def _reseal(path):
+    """A consistent manifest for a deliberately altered copy, so the checks behind the manifest's are reached."""
+    write_manifest(path)
+    return path
+
+
 def _weights(trainer):
     return {n: w.clone() for n, w in trainer.export_hf_named_tensors()}
 
@@ -126,6 +132,7 @@ def test_corrupt_checkpoints_give_a_clear_error(stepped_checkpoint, tmp_path):
     path, trainer = stepped_checkpoint
     no_common = _copy(path, tmp_path / "no_common")
     (no_common / "common.pt").unlink()
+    _reseal(no_common)
     with pytest.raises(CheckpointError, match="cannot read its common state"):
         trainer.load_checkpoint(no_common)
 
@@ -137,6 +144,7 @@ def test_corrupt_checkpoints_give_a_clear_error(stepped_checkpoint, tmp_path):
         broken = _copy(path, tmp_path / what.replace(" ", "_"))
         if damage is None:
             (broken / ".metadata").unlink()
+            _reseal(broken)
             with pytest.raises(CheckpointError, match=r"cannot read its shard index"):
                 trainer.load_checkpoint(broken)
         else:
@@ -149,6 +157,7 @@ def test_corrupt_checkpoints_give_a_clear_error(stepped_checkpoint, tmp_path):
     not_ours = _copy(path, tmp_path / "not_ours")
     common = torch.load(not_ours / "common.pt", weights_only=False)
     torch.save({k: v for k, v in common.items() if k != "extra_state"}, not_ours / "common.pt")
+    _reseal(not_ours)
     with pytest.raises(CheckpointError, match=r"lacks \['extra_state'\]"):
         trainer.load_checkpoint(not_ours)
 
@@ -158,6 +167,7 @@ def test_a_checkpoint_without_the_optimizer_state_it_promises_is_rejected(steppe
     dropped = _copy(path, tmp_path / "dropped")
     common = torch.load(dropped / "common.pt", weights_only=False)
     torch.save({k: v for k, v in common.items() if k != "optimizer"}, dropped / "common.pt")
+    _reseal(dropped)
     with pytest.raises(CheckpointError, match="says its optimizer state was saved, but it has none"):
         trainer.load_checkpoint(dropped)
 
