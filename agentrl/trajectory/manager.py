@@ -15,7 +15,7 @@ from typing import Any
 from agentrl.trajectory.assemble import Chain, assemble_sample
 from agentrl.trajectory.policies import DRIFT_OUTCOMES, FORKED, REALIGNED, Drift, DriftPolicy, make_policy
 from agentrl.trajectory.records import TurnRecord
-from agentrl.trajectory.sample import Sample, StopReason
+from agentrl.trajectory.sample import Sample, StopReason, check_reward
 from agentrl.trajectory.tree import MessageTree, message_key
 
 # Per-turn outcomes (besides the drift outcomes realigned / cut / forked):
@@ -226,6 +226,7 @@ class TrajectoryManager:
             stop_reason = StopReason(stop_reason)  # a plain string is accepted; an unknown one raises
         if isinstance(reward, bool) or not isinstance(reward, int | float | dict):
             raise TypeError(f"reward must be a float (or a dict of floats), got {type(reward).__name__}")
+        check_reward(reward)  # before the session is consumed: a corrected call still finds it
         if extra_metadata is not None and not isinstance(extra_metadata, Mapping):
             raise TypeError(f"extra_metadata must be a mapping or None, got {type(extra_metadata).__name__}")
         if type(max_sample_tokens) is not int or max_sample_tokens < 0:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -49,6 +51,24 @@ def sample_status(last_finish_reason: str, *, budget_cut: bool, stop_reason: Sto
     if stop_reason is not None and stop_reason.cut_short:
         return TRUNCATED
     return COMPLETED
+
+
+class NonFiniteRewardError(ValueError):
+    """A reward (or a component of a dict reward) that is NaN or infinite: it would poison every weight."""
+
+
+def check_reward(reward: float | Mapping[str, float]) -> None:
+    """Raise :class:`NonFiniteRewardError` unless ``reward`` (each value of a dict reward) is a finite number."""
+    parts = reward.items() if isinstance(reward, Mapping) else (("", reward),)
+    for key, value in parts:
+        what = f"reward component {key!r}" if isinstance(reward, Mapping) else "reward"
+        try:
+            finite = math.isfinite(value)
+        except TypeError:
+            raise TypeError(f"{what} must be a number, got {type(value).__name__}") from None
+        if not finite:
+            raise NonFiniteRewardError(f"{what} must be a finite number, got {value!r}")
+
 
 _REQUIRED = ("tokens", "response_start", "loss_mask", "rollout_logprobs", "provenance")
 
@@ -106,6 +126,7 @@ class Sample:
         response_start = data["response_start"]
         if type(response_start) is not int or not 0 <= response_start <= len(tokens):
             raise ValueError(f"response_start {response_start!r} is outside 0..{len(tokens)}")
+        check_reward(data.get("reward", 0.0))
         raw = data["provenance"]
         if raw and len(raw[0]) == 5 and isinstance(raw[0][0], int):
             provenance = Provenance(raw)
