@@ -25,6 +25,7 @@ from agentrl.envs.environment import Environment, ToolCallError, maybe_await
 from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
 from agentrl.envs.render import ChatRenderer
 from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
+from agentrl.trajectory.sample import check_reward
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class EpisodeMetrics:
     samples: int = 0
     seconds: float = 0.0
     error: str | None = None
+    error_type: str | None = None  # the exception's class, e.g. NonFiniteRewardError (rollout/failure_reasons)
 
 
 @dataclass
@@ -85,10 +87,12 @@ class RolloutResult:
         return [sample for episode in self.episodes for sample in episode.samples]
 
     def summary(self) -> dict[str, Any]:
-        """Means over episodes (reward, turns, tool calls), the ill-formed turn rate, failures, and
-        totals of stop reasons, finish reasons and drift outcomes."""
+        """Means over episodes (reward: over those that did not fail, since a failed one has none; turns,
+        tool calls), the ill-formed turn rate, failures (and their exception classes), and totals of stop
+        reasons, finish reasons and drift outcomes."""
         episodes = self.episodes
         n = max(len(episodes), 1)
+        scored = [e.metrics.reward for e in episodes if e.metrics.error is None]
         turns = sum(e.metrics.turns for e in episodes)
         stops: Counter[StopReason | None] = Counter(e.metrics.stop_reason for e in episodes)
         finishes: Counter[str] = Counter()
@@ -99,11 +103,13 @@ class RolloutResult:
         return {
             "episodes": len(episodes),
             "samples": len(self.samples),
-            "reward_mean": sum(e.metrics.reward for e in episodes) / n,
+            "reward_mean": sum(scored) / max(len(scored), 1),
             "turns_mean": turns / n,
             "tool_calls_mean": sum(e.metrics.tool_calls for e in episodes) / n,
             "ill_formed_turn_rate": sum(e.metrics.ill_formed_turns for e in episodes) / max(turns, 1),
             "failed": sum(e.metrics.error is not None for e in episodes),
+            "failure_reasons": dict(Counter(e.metrics.error_type or "unknown" for e in episodes
+                                            if e.metrics.error is not None)),
             "stop_reasons": dict(stops),
             "finish_reasons": dict(finishes),
             "drift": dict(drift),
@@ -127,8 +133,8 @@ async def run_episode(
 
     ``max_context_tokens`` is the engine's context length; each reply's ``max_new_tokens`` is capped
     so that prompt + reply fits both it and ``env.max_total_tokens``. Failures of ``generate`` or of the
-    environment's hooks propagate (the session is dropped and ``env.close()`` still runs); malformed tool
-    calls never do.
+    environment's hooks propagate (the session is dropped and ``env.close()`` still runs), as does a NaN or
+    infinite reward (:class:`~agentrl.trajectory.sample.NonFiniteRewardError`); malformed tool calls never do.
     """
     manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
     fmt = tool_format or format_for(renderer.tokenizer)
@@ -187,6 +193,8 @@ async def run_episode(
                 break
             messages.extend(answers)
         reward = float(await maybe_await(env.reward()))
+        # NaN or inf would poison every weight it reaches: the episode fails (no Sample), even with no turn.
+        check_reward(reward)
         metrics.reward = reward
         if metrics.stop_reason == StopReason.NO_TOOL_CALL and last_finish == "length":
             metrics.stop_reason = StopReason.LENGTH  # the final reply was cut off, not finished
@@ -298,7 +306,8 @@ async def generate_rollout(
                 log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
                 if manager.has_session(session_id):  # a custom episode function may not have cleaned up
                     manager.drop_session(session_id)
-                metrics = EpisodeMetrics(stop_reason=StopReason.ERROR, error=f"{type(err).__name__}: {err}")
+                metrics = EpisodeMetrics(stop_reason=StopReason.ERROR, error=f"{type(err).__name__}: {err}",
+                                         error_type=type(err).__name__)
                 return EpisodeResult(session_id=session_id, group_id=group_id, task=task, samples=[],
                                      metrics=metrics, messages=list(getattr(env, "messages", [])))
 

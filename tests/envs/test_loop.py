@@ -283,3 +283,43 @@ def test_samples_are_json_serialisable(tokenizer, renderer):
     policy = ScriptedPolicy(tokenizer, [call("submit", answer=task["answer"])])
     [sample] = play(ArithmeticEnv(), task, policy, renderer).samples
     assert json.loads(sample.to_json())["metadata"]["stop_reason"] == "done"
+
+
+def test_a_nan_or_inf_reward_fails_its_episode_and_is_never_a_sample(tokenizer, renderer):
+    import math
+
+    bad = {0: math.nan, 1: math.inf, 2: -math.inf}
+
+    class Poisoned(ArithmeticEnv):
+        def reward(self):
+            return bad.get(tasks.index(self.task), super().reward())
+
+    tasks = make_tasks(4, seed=7)
+    policy = ScriptedPolicy(tokenizer, [call("submit", answer=0)])
+    manager = TrajectoryManager()
+    result = asyncio.run(generate_rollout(Poisoned, tasks, policy, renderer, n_samples_per_task=2,
+                                          trajectory_manager=manager))
+    for t, group in enumerate(result.groups):
+        for episode in group:
+            if t in bad:
+                assert not episode.samples and episode.metrics.stop_reason == "error"
+                assert episode.metrics.error == f"NonFiniteRewardError: reward must be a finite number, got {bad[t]!r}"
+            else:
+                assert episode.samples and all(math.isfinite(s.reward) for s in episode.samples)
+    assert all(math.isfinite(s.reward) for s in result.samples) and len(result.samples) == 2
+    assert not manager.sessions  # the failed episodes' sessions are dropped, not left to leak
+    summary = result.summary()
+    assert summary["failed"] == 6 and summary["failure_reasons"] == {"NonFiniteRewardError": 6}
+    assert math.isfinite(summary["reward_mean"])
+    assert summary["reward_mean"] == sum(e.metrics.reward for e in result.groups[3]) / 2  # failed ones are no 0s
+
+
+def test_a_nan_reward_of_an_episode_without_turns_fails_it_too(tokenizer, renderer):
+    class Empty(ArithmeticEnv):
+        max_turns = 0
+
+        def reward(self):
+            return float("nan")
+
+    with pytest.raises(ValueError, match="reward must be a finite number, got nan"):
+        play(Empty(), make_tasks(1)[0], ScriptedPolicy(tokenizer, ["x"]), renderer)
