@@ -8,7 +8,8 @@ Bring your own agent: point any OpenAI client at the gateway, pass a session id 
     TurnRecord --TrajectoryManager.record_turn(session, ...)--> drift guard (realign / fork / truncate)
 
 ``POST /sessions/{id}/finish`` with ``{"reward": r}`` consumes the session and returns
-``{"samples": [Sample.to_dict(), ...]}``.
+``{"samples": [Sample.to_dict(), ...]}``; a NaN or infinite reward (or metadata value) is a 400 that
+leaves the session open for a corrected finish.
 
     agentrl gateway --router http://127.0.0.1:30000 --model DIR --port 8000 [--policy realign]
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 import threading
 import urllib.request
@@ -169,7 +171,13 @@ class Gateway:
         return self.manager.get_trajectory(session_id, reward=reward, group_id=group_id, extra_metadata=metadata)
 
     def finish(self, session_id: str, body: FinishRequest) -> dict[str, Any]:
-        """``POST /sessions/{id}/finish``: the Samples as dicts (and, with ``return_turns``, the TurnRecords)."""
+        """``POST /sessions/{id}/finish``: the Samples as dicts (and, with ``return_turns``, the TurnRecords).
+
+        Everything that could make the answer unsendable is checked before the session is consumed."""
+        try:
+            json.dumps(body.metadata, allow_nan=False)
+        except ValueError:
+            raise ValueError("metadata must not hold NaN or infinity (the answer is strict JSON)") from None
         turns = self.manager.turns(session_id) if body.return_turns else None
         samples = self.finish_session(session_id, body.reward, group_id=body.group_id, metadata=body.metadata)
         out: dict[str, Any] = {"samples": [s.to_dict() for s in samples]}
@@ -197,6 +205,7 @@ def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None
 
     from agentrl.rollout.client import GenerateRequestError, GenerateTimeoutError, RolloutClientError
     from agentrl.trajectory import UnknownSessionError
+    from agentrl.trajectory.sample import NonFiniteRewardError
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -275,6 +284,9 @@ def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None
             return JSONResponse(error_body(
                 f"unknown session {session_id!r}: no turn was recorded under this id, or it was already "
                 "finished (finish consumes the session)", code="session_not_found"), status_code=404)
+        except NonFiniteRewardError as err:
+            return JSONResponse(error_body(f"{err}; the session is still open, finish it again with a finite "
+                                           "reward", param="reward", code="non_finite_reward"), status_code=400)
         except (TypeError, ValueError) as err:
             return JSONResponse(error_body(str(err)), status_code=400)
 

@@ -343,3 +343,21 @@ def test_cli_bad_arguments_exit_2_with_a_clear_message(argv, message, tmp_path, 
     argv = [a.format(tmp=tmp_path, model=tmp_path / "m") for a in argv]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), {"pass": 1.0, "style": float("-inf")}], ids=repr)
+def test_a_non_finite_finish_is_a_clear_400_and_the_session_survives_it(served, reward):
+    url, client, gateway, _ = served(["The answer is 5."])
+    client.chat.completions.create(model="tiny", messages=QUESTION, user="nan")
+    # Python's json writes the literal NaN / Infinity tokens a careless client sends.
+    raw = json.dumps({"reward": reward, "return_turns": True}).encode()
+    assert b"NaN" in raw or b"Infinity" in raw
+    status, body = post(f"{url}/sessions/nan/finish", raw=raw)
+    assert status == 400 and body["error"]["code"] == "non_finite_reward" and body["error"]["param"] == "reward"
+    assert "must be a finite number" in body["error"]["message"] and "still open" in body["error"]["message"]
+    status, body = post(f"{url}/sessions/nan/finish", {"reward": 1.0, "metadata": {"score": float("nan")}})
+    assert status == 400 and "metadata must not hold NaN" in body["error"]["message"]
+    assert gateway.manager.sessions == ["nan"]
+    samples, turns = finish(url, "nan", reward=0.5)  # the corrected finish gets the whole trajectory
+    assert [s.reward for s in samples] == [0.5]
+    verify_session(samples, turns)
