@@ -30,8 +30,17 @@ def resolve_backend(backend: str = "auto") -> str:
 
     if not bwrap_available():
         raise SandboxError("no Docker engine is reachable and bubblewrap is unusable; run `agentrl sandbox setup`")
+    from agentrl.sandbox.seccomp import seccomp_problem
+
+    problem = seccomp_problem()
+    if problem:
+        # Without its seccomp filter the fallback is not the sandbox it claims to be: off unless asked for.
+        raise SandboxError(f"no Docker engine is reachable and the bubblewrap fallback is off: no seccomp "
+                           f"filter ({problem}); run `agentrl sandbox setup`, or use "
+                           "BwrapSandbox(allow_unconfined=True) knowingly")
     log.warning("no Docker engine reachable: falling back to the bubblewrap sandbox backend "
-                "(host /usr read-only, cgroup limits where writable); run `agentrl sandbox setup` for Docker")
+                "(host /usr read-only, seccomp on, cgroup limits where writable); run `agentrl sandbox setup` "
+                "for Docker")
     return "bwrap"
 
 

@@ -25,6 +25,10 @@ class SandboxError(RuntimeError):
     """The sandbox could not be created or used (engine unreachable, image missing, container gone)."""
 
 
+class SpecialFileError(OSError):
+    """The path names a symlink, FIFO, socket or device, not a regular file."""
+
+
 class Sandbox(abc.ABC):
     """Base class: backends implement ``start``, ``close``, ``_exec``, ``write_files``, ``read_file``,
     ``reset`` and ``alive``; ``healthy`` runs ``echo ok``."""
@@ -60,7 +64,13 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def reset(self) -> None:
-        """Kill every process of the previous user and empty the work dir and /tmp."""
+        """Kill every process of the previous user and empty every place it could write."""
+
+    def export_file(self, path: str, *, max_bytes: int) -> bytes:
+        """A regular file's bytes, read without the sandbox's own server (by the engine or the host):
+        what graders use. SpecialFileError for a link, FIFO or socket; ValueError when larger than
+        ``max_bytes``; FileNotFoundError / IsADirectoryError as for ``read_file``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export files without its own server")
 
     @property
     @abc.abstractmethod

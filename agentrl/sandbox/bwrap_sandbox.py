@@ -1,12 +1,16 @@
 """A sandbox in bubblewrap namespaces, for machines without a reachable Docker engine.
 
 Same interface and executor as :class:`DockerSandbox`. The executor runs as PID 1 of a fresh
-user/pid/net/ipc/uts/cgroup namespace set (``--as-pid-1``: a command's ``kill -9 -1`` or ``kill -9 1``
-cannot reach it), as uid 1000 with no capabilities; the host's /usr is bind-mounted read-only, /work and
-/tmp are size-limited tmpfs, there is no network. Memory/pids/CPU limits come from a per-sandbox cgroup
-when cgroups are writable (a warning is logged otherwise). Difference from Docker: the image is the
-host's /usr (``image`` is not used), and if the executor itself dies (OOM-killed, or stuck past the
-grace period) the namespace and its tmpfs work dir go with it; the next command starts a fresh one.
+user/pid/net/ipc/uts/cgroup namespace set (``--as-pid-1``: a command's ``kill -9 -1``, ``kill -9 1`` or
+SIGSTOP cannot reach it), as uid 1000 with no capabilities, non-dumpable (its fds are out of reach).
+That uid is an unprivileged host uid (nobody when the caller is root), never host root; bwrap's
+stderr is a pipe to the host, not a host file. The host's /usr is bind-mounted read-only, /work, /tmp
+and /dev/shm are size-limited tmpfs, /dev holds only the standard nodes and is read-only, there is
+no network, and the seccomp filter of :mod:`agentrl.sandbox.seccomp` is on. Without libseccomp the
+backend refuses to start unless ``allow_unconfined=True`` (and says so). Memory/pids/CPU limits come
+from a per-sandbox cgroup when cgroups are writable (a warning is logged otherwise). Difference from
+Docker: the image is the host's /usr (``image`` is not used), and if the executor itself dies
+(OOM-killed, or stuck past the grace period) the namespace and its tmpfs work dir go with it.
 """
 
 from __future__ import annotations
@@ -14,26 +18,48 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from agentrl.sandbox.base import SandboxError
+from agentrl.sandbox.base import SandboxError, SpecialFileError, work_path
 from agentrl.sandbox.cgroups import SandboxCgroup
 from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, ExecutorClient, PipeTransport
 from agentrl.sandbox.executor_sandbox import AGENT_UID, BASE_ENV, ExecutorSandbox
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.sandbox.registry import track, untrack
+from agentrl.sandbox.seccomp import filter_program, seccomp_problem
 
 log = logging.getLogger(__name__)
 
 BWRAP_ROOT = Path("/tmp/agentrl-bwrap")
 _OWNER_FILE = "owner.json"
-# Enter the cgroups first, then become bwrap, so every process of the sandbox starts inside them.
-_ENTER_CGROUPS = 'for f in $AGENTRL_CGROUP_PROCS; do echo $$ > "$f" || exit 99; done; exec "$@"'
+# Enter the cgroups first (that needs root), then drop to the unprivileged host uid the sandbox maps
+# to, then become bwrap: every process of the sandbox starts inside the cgroups and off host root.
+_LAUNCH = """
+import os, sys
+for f in os.environ["AGENTRL_CGROUP_PROCS"].split():
+    with open(f, "w") as fh:
+        fh.write(str(os.getpid()))
+uid = int(os.environ["AGENTRL_HOST_UID"])
+if os.geteuid() != uid:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+UNPRIVILEGED_HOST_UID = 65534  # what the sandbox uid maps to when the caller is root
+
+
+def host_uid() -> int:
+    """The host uid bubblewrap runs as: the caller's own, or nobody instead of root."""
+    return UNPRIVILEGED_HOST_UID if os.geteuid() == 0 else os.geteuid()
 
 
 def bwrap_available() -> bool:
@@ -65,8 +91,9 @@ class BwrapSandbox(ExecutorSandbox):
 
     def __init__(self, *, limits: SandboxLimits | None = None, labels: Mapping[str, str] | None = None,
                  role: str = "sandbox", read_only_mounts: Mapping[str, str] | None = None,
-                 python: str = "/usr/bin/python3", image: str | None = None):
+                 python: str = "/usr/bin/python3", image: str | None = None, allow_unconfined: bool = False):
         super().__init__(limits)
+        self.allow_unconfined = allow_unconfined
         if image is not None:
             log.warning("BwrapSandbox ignores image=%r: it runs on the host's read-only /usr", image)
         self.python = python
@@ -76,6 +103,7 @@ class BwrapSandbox(ExecutorSandbox):
         self._ro_mounts = dict(read_only_mounts or {})
         self._cgroup = SandboxCgroup(self.name, self.limits)
         self._proc: subprocess.Popen | None = None
+        self._child_pid: int | None = None  # the executor, PID 1 inside, as the host numbers it
         self._started = False
         self.limited = False  # whether cgroup limits are in force
 
@@ -87,6 +115,12 @@ class BwrapSandbox(ExecutorSandbox):
                 raise SandboxError("sandbox is closed")
             if shutil.which("bwrap") is None:
                 raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap)")
+            problem = seccomp_problem()
+            if problem and not self.allow_unconfined:
+                raise SandboxError(f"bubblewrap sandbox refused: no seccomp filter ({problem}); pass "
+                                   "allow_unconfined=True to run without one")
+            if problem:
+                log.warning("bubblewrap sandbox %s runs WITHOUT seccomp: %s", self.name, problem)
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / _OWNER_FILE).write_text(json.dumps(self._labels))
             track(self)
@@ -100,11 +134,15 @@ class BwrapSandbox(ExecutorSandbox):
                 raise SandboxError(f"could not start bubblewrap: {exc}; stderr: {self._stderr_tail()}") from exc
 
     def _stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.dir / "stderr.log").read_text(errors="replace")[-2000:]
+        proc = self._proc
+        if proc is None or proc.stderr is None:
+            return ""
+        with contextlib.suppress(OSError, TypeError):
+            os.set_blocking(proc.stderr.fileno(), False)
+            return (proc.stderr.read(4096) or b"").decode(errors="replace")
         return ""
 
-    def _bwrap_argv(self) -> list[str]:
+    def _bwrap_argv(self, seccomp_fd: int | None, info_fd: int) -> list[str]:
         lim = self.limits
         argv = ["bwrap", "--unshare-all", "--new-session", "--as-pid-1", "--hostname", "sandbox",
                 "--uid", str(AGENT_UID), "--gid", str(AGENT_UID), "--cap-drop", "ALL", "--clearenv",
@@ -116,6 +154,8 @@ class BwrapSandbox(ExecutorSandbox):
             if Path(etc).exists():
                 argv += ["--ro-bind", etc, etc]
         argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--size", str(lim.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue",
+                 "--remount-ro", "/dev",  # only the standard nodes, no writable tmpfs of half the RAM
                  "--size", str(lim.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
                  "--size", str(lim.work_bytes), "--perms", "0755", "--tmpfs", "/work", "--chdir", "/work"]
         if self._cgroup.oom_file:
@@ -125,20 +165,73 @@ class BwrapSandbox(ExecutorSandbox):
         argv += ["--remount-ro", "/"]  # the root tmpfs bwrap builds: only /work and /tmp stay writable
         for key, value in BASE_ENV.items():
             argv += ["--setenv", key, value]
-        return [*argv, "--", self.python, "-c", EXECUTOR_SOURCE]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        argv += ["--info-fd", str(info_fd)]
+        return [*argv, "--", self.python, "-c", EXECUTOR_SOURCE, "--contained"]
 
     def _launch_executor(self) -> ExecutorClient:
         if self._proc is not None:
             self._kill_proc()
-        env = {"PATH": BASE_ENV["PATH"], "AGENTRL_CGROUP_PROCS": " ".join(self._cgroup.procs_files)}
-        stderr = open(self.dir / "stderr.log", "ab")  # noqa: SIM115 - handed to the child
+        env = {"PATH": BASE_ENV["PATH"], "AGENTRL_CGROUP_PROCS": " ".join(self._cgroup.procs_files),
+               "AGENTRL_HOST_UID": str(host_uid())}
+        seccomp_fd = None
+        if seccomp_problem() is None:
+            seccomp_fd = os.memfd_create("agentrl-seccomp", 0)
+            os.write(seccomp_fd, filter_program())
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        info_r, info_w = os.pipe()
+        fds = (info_w,) if seccomp_fd is None else (info_w, seccomp_fd)
         try:
-            self._proc = subprocess.Popen(["sh", "-c", _ENTER_CGROUPS, "sh", *self._bwrap_argv()],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                          env=env, start_new_session=True)
+            self._proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, *self._bwrap_argv(seccomp_fd, info_w)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          env=env, start_new_session=True, pass_fds=fds)
         finally:
-            stderr.close()
+            for fd in fds:
+                os.close(fd)
+        with os.fdopen(info_r, "rb") as info:
+            # bwrap writes the JSON once its child exists and closes the fd; EOF alone means it failed.
+            raw = info.read(65536)
+        try:
+            self._child_pid = int(json.loads(raw)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            self._child_pid = None
         return ExecutorClient(PipeTransport(self._proc))
+
+    def export_file(self, path: str, *, max_bytes: int) -> bytes:
+        """The file read by the host through the executor's root, one component at a time without
+        following links (absolute links there would resolve against the host's root)."""
+        parts = work_path(self.workdir, path).split("/")
+        if self._child_pid is None or not self._runtime_alive():
+            raise SandboxError("sandbox is not running")
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(f"/proc/{self._child_pid}/root{self.workdir}", flags | os.O_DIRECTORY)
+        try:
+            for i, name in enumerate(parts):
+                try:
+                    nxt = os.open(name, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    raise FileNotFoundError(f"{path} does not exist in the sandbox") from None
+                except OSError as exc:  # ELOOP: a link; ENXIO: a socket
+                    raise SpecialFileError(f"{path} is a link, FIFO or socket, not a regular file") from exc
+                os.close(fd)
+                fd = nxt
+                mode = os.fstat(fd).st_mode
+                if i < len(parts) - 1 and not stat.S_ISDIR(mode):
+                    raise FileNotFoundError(f"{path} does not exist in the sandbox")
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(f"{path} is a directory")
+            if not stat.S_ISREG(mode):
+                raise SpecialFileError(f"{path} is a link, FIFO or socket, not a regular file")
+            if os.fstat(fd).st_size > max_bytes:
+                raise ValueError(f"{path} is larger than {max_bytes} bytes")
+            os.set_blocking(fd, True)
+            data = os.read(fd, max_bytes + 1)
+            if len(data) > max_bytes:
+                raise ValueError(f"{path} is larger than {max_bytes} bytes")
+            return data
+        finally:
+            os.close(fd)
 
     def _kill_proc(self) -> None:
         proc, self._proc = self._proc, None
@@ -148,8 +241,8 @@ class BwrapSandbox(ExecutorSandbox):
             proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout):
-            with contextlib.suppress(OSError):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError, AttributeError):
                 stream.close()
 
     def _force_kill_processes(self) -> None:

@@ -2,20 +2,26 @@
 
 Layout of one sandbox: a container whose main process is ``sleep infinity`` under ``--init`` as uid
 65534, a tmpfs-backed size-limited named volume at /work (``put_archive``-proof and wiped on reset), a
-size-limited tmpfs /tmp, read-only root, no network, no capabilities, no-new-privileges, memory (no
-swap) / CPU / pids limits. Commands run as uid 1000 through the executor (one ``docker exec`` per
-sandbox, not per command), so a command that kills every process it can reach cannot kill the
-container's keep-alive.
+size-limited tmpfs /tmp and /dev/shm, read-only root, no network, no capabilities, no-new-privileges,
+memory (no swap) / CPU / pids limits. Commands run as uid 1000 through the executor (one ``docker
+exec`` per sandbox, not per command), so a command that kills every process it can reach cannot kill
+the container's keep-alive; the executor is non-dumpable, so no command can reach its stream (see
+:mod:`agentrl.sandbox.executor`). Graders read files with the engine's archive API, not the executor.
+
+Why not an executor under another uid: with ``--user 65534`` the engine gives no ``docker exec`` any
+capability (not even a root one), so nothing in the container could start commands as uid 1000.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import tarfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from agentrl.sandbox.base import SandboxError
+from agentrl.sandbox.base import SandboxError, SpecialFileError, work_path
 from agentrl.sandbox.docker_client import docker_client
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, DockerAttachTransport, ExecutorClient
@@ -28,6 +34,10 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_USER = "65534:65534"
 AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
+# Go's os.FileMode type bits, as the engine reports them for an archived path.
+_GO_MODE_DIR = 1 << 31
+_GO_MODE_TYPE = _GO_MODE_DIR | 1 << 27 | 1 << 26 | 1 << 25 | 1 << 24 | 1 << 21 | 1 << 19
+_TAR_OVERHEAD = 64 * 1024
 
 
 class DockerSandbox(ExecutorSandbox):
@@ -87,7 +97,7 @@ class DockerSandbox(ExecutorSandbox):
                            for target, source in self._ro_mounts.items()]
                 host_config = api.create_host_config(
                     init=True, network_mode="none", read_only=True, cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"], mem_limit=lim.memory_bytes,
+                    security_opt=["no-new-privileges"], mem_limit=lim.memory_bytes, shm_size=lim.tmp_bytes,
                     memswap_limit=lim.memory_bytes, nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids,
                     tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_bytes},mode=1777"}, mounts=mounts)
                 created = api.create_container(
@@ -131,15 +141,15 @@ class DockerSandbox(ExecutorSandbox):
     # ---- executor hooks -----------------------------------------------------------------------
     def _launch_executor(self) -> ExecutorClient:
         api = self.docker.api
-        created = api.exec_create(self.container_id, [self.python, "-c", EXECUTOR_SOURCE], stdin=True,
-                                  stdout=True, stderr=True, user=AGENT_USER, workdir="/work",
+        created = api.exec_create(self.container_id, [self.python, "-c", EXECUTOR_SOURCE, "--contained"],
+                                  stdin=True, stdout=True, stderr=True, user=AGENT_USER, workdir="/work",
                                   environment=BASE_ENV)
         sock_io = api.exec_start(created["Id"], socket=True)
         self._exec_socket = sock_io  # keep the SocketIO alive: it owns the hijacked connection
         return ExecutorClient(DockerAttachTransport(getattr(sock_io, "_sock", sock_io)))
 
     def _force_kill_processes(self) -> None:
-        self._docker_exec_as_agent(["sh", "-c", "kill -9 -1"])
+        self._docker_exec_as_agent(["sh", "-c", "kill -9 -1"])  # a stopped executor dies too
 
     def _docker_exec_as_agent(self, argv: Sequence[str]) -> None:
         try:
@@ -148,6 +158,37 @@ class DockerSandbox(ExecutorSandbox):
             api.exec_start(created["Id"])
         except Exception as exc:
             log.warning("docker exec %s in %s failed: %s", argv, self.name, exc)
+
+    def export_file(self, path: str, *, max_bytes: int) -> bytes:
+        """The file as the engine archives it (``get_archive``): the sandbox's processes take no part."""
+        import docker
+
+        full = f"{self.workdir}/{work_path(self.workdir, path)}"
+        if self.container_id is None:
+            raise SandboxError("sandbox is not running")
+        try:
+            chunks, st = self.docker.api.get_archive(self.container_id, full)
+        except docker.errors.NotFound as exc:
+            raise FileNotFoundError(f"{path} does not exist in the sandbox") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"could not archive {path}: {exc}") from exc
+        mode, size = int(st.get("mode", 0)), int(st.get("size", 0))
+        if mode & _GO_MODE_DIR:
+            raise IsADirectoryError(f"{path} is a directory")
+        if mode & _GO_MODE_TYPE:
+            raise SpecialFileError(f"{path} is a link, FIFO, socket or device, not a regular file")
+        if size > max_bytes:
+            raise ValueError(f"{path} has {size} bytes, more than {max_bytes}")
+        buf = bytearray()
+        for chunk in chunks:  # bounded: the stat above is the engine's, the archive must agree with it
+            buf += chunk
+            if len(buf) > size + _TAR_OVERHEAD:
+                raise SandboxError(f"archive of {path} is larger than its {size} bytes")
+        with tarfile.open(fileobj=io.BytesIO(bytes(buf)), mode="r:") as tar:
+            members = tar.getmembers()
+            if len(members) != 1 or not members[0].isreg():
+                raise SpecialFileError(f"{path} did not archive as one regular file")
+            return tar.extractfile(members[0]).read()
 
     def _runtime_alive(self) -> bool:
         if self.container_id is None:

@@ -1,15 +1,22 @@
 """The in-sandbox command executor: a stdlib-only Python program that runs inside the sandbox.
 
-It is started once per sandbox (``python3 -c <this file's source>``) and then serves requests over
-its stdin/stdout, so a command costs one fork+exec instead of a ``docker exec`` (~80 ms here).
-Protocol: each message is a 4-byte big-endian length then UTF-8 JSON; byte strings are base64.
+It is started once per sandbox (``python3 -c <this file's source> [--contained]``) and then serves
+requests over its stdin/stdout, so a command costs one fork+exec instead of a ``docker exec`` (~80 ms
+here). Protocol: each message is a 4-byte big-endian length then UTF-8 JSON; byte strings are base64.
 
 Requests: ``{"op": "run", "argv", "timeout", "stdin", "env", "cwd", "limit", "python_code"}`` ->
 ``{"exit_code", "stdout", "stderr", "stdout_total", "stderr_total", "timed_out", "oom_killed",
-"duration_s"}``; ``{"op": "reset", "paths"}`` kills every other process of this uid and empties the
-paths; ``{"op": "write", "files": [[path, b64, mode]]}``;
-``{"op": "read", "path", "max_bytes"}`` -> ``{"data", "truncated"}`` or ``{"missing"|"isdir"|"denied": true}``;
-``{"op": "ping"}`` -> ``{"pid"}``.
+"duration_s"}``; ``{"op": "reset", "paths": [[path, mode]]}`` -> ``{"ok", "why"}`` kills every other
+process of this uid, removes its SysV IPC objects, empties the paths and gives them their modes;
+``{"op": "write", "files": [[path, b64, mode]]}``; ``{"op": "read", "path", "max_bytes"}`` ->
+``{"data", "truncated"}`` or ``{"missing"|"isdir"|"denied"|"special": true}``; ``{"op": "ping"}`` ->
+``{"pid"}``.
+
+Who can reach the protocol: nobody but the host. The executor marks itself non-dumpable, so no
+process of its uid without CAP_SYS_PTRACE (every command) can open its ``/proc/<pid>/fd``, read or
+write its memory or trace it; its protocol fds are never inherited. What a command can still do to
+it is signal it (SIGSTOP, SIGKILL; not under bubblewrap, where it is PID 1 of the pid namespace): the
+host then gets no answer, kills everything and starts a fresh executor, and never a forged reply.
 
 Containment rules it enforces: each command runs in its own session; when the command exits or times
 out the whole process group is SIGKILLed; output beyond ``limit`` bytes per stream is counted and
@@ -20,11 +27,14 @@ dropped; after the command exits, pipes held open by escaped grandchildren are r
 import atexit
 import base64
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import selectors
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -34,8 +44,19 @@ import traceback
 import types
 
 _DRAIN_S = 0.2
+_RESET_KILL_S = 3.0
+_PR_SET_DUMPABLE = 4
+_IPC_RMID = 0
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events",
               "/run/agentrl/oom_control")
+# Set by --contained: this executor shares its pid namespace only with the agent's processes, so
+# kill(-1) in reset reaches nothing else. Never set when it runs on a host (local tests).
+_CONTAINED = False
+
+
+def _set_dumpable(on):
+    _LIBC.prctl(_PR_SET_DUMPABLE, 1 if on else 0, 0, 0, 0)
 
 
 def _oom_kills():
@@ -132,6 +153,7 @@ class _ForkedPython:
                 os.dup2(w_out, 1)
                 os.dup2(w_err, 2)
                 os.closerange(3, 65536)
+                _set_dumpable(True)  # as after exec: the agent's own process, holding none of our fds
                 rc = _child_python(code, env, cwd)
             finally:
                 os._exit(rc)
@@ -309,27 +331,87 @@ def run(req):
 
 
 def reset(req):
-    # kill(-1) reaches every process this uid may signal, except this one (Linux semantics).
-    for _ in range(3):
-        try:
+    if not _CONTAINED:
+        return {"ok": False, "why": "reset kills every process of this uid: only inside a sandbox (--contained)"}
+    if not _kill_every_other_agent_process():
+        return {"ok": False, "why": "agent processes survived SIGKILL"}
+    _remove_sysv_ipc()
+    paths = [path for path, _ in req["paths"]]
+    for path, mode in req["paths"]:
+        _wipe(path)
+        with contextlib.suppress(PermissionError):  # ours under bubblewrap, root's in Docker
+            os.chmod(path, mode)
+    left = [f"{root}/{name}" for root in paths if os.path.isdir(root) for name in os.listdir(root)]
+    return {"ok": not left, "why": f"left behind: {left[:5]}" if left else ""}
+
+
+def _kill_every_other_agent_process():
+    uid, me = os.getuid(), os.getpid()
+    deadline = time.monotonic() + _RESET_KILL_S
+    while True:
+        # kill(-1) reaches every process this uid may signal, except the caller and its namespace's init.
+        with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)
-        except OSError:
-            break
-        time.sleep(0.01)
         _reap()
-    for root in req.get("paths", []):
+        left = [p for p in _live_pids_of(uid) if p not in (me, 1)]
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
+def _live_pids_of(uid):
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            names = os.listdir(root)
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        for name in names:
-            path = os.path.join(root, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and fields.get("State", "").split()[:1] not in (["Z"], ["X"]):
+            pids.append(int(name))
+    return pids
+
+
+def _remove_sysv_ipc():
+    # IPC_RMID is allowed to an object's creator even after IPC_SET gave it away, and the agent is the
+    # only creator in this IPC namespace.
+    ctl = {"shm": lambda i: _LIBC.shmctl(i, _IPC_RMID, None), "msg": lambda i: _LIBC.msgctl(i, _IPC_RMID, None),
+           "sem": lambda i: _LIBC.semctl(i, 0, _IPC_RMID)}
+    for kind, remove in ctl.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
+        except OSError:
+            continue
+        for ident in ids:
+            remove(ident)
+
+
+def _wipe(root):
+    """Empty ``root``, first giving back owner access to every directory a command chmodded shut."""
+    with contextlib.suppress(OSError):
+        os.chmod(root, 0o700)  # the work dir is the agent's; /tmp and /dev/shm are root's and refuse
+    for parent, dirs, _ in os.walk(root):  # top-down: each directory is opened after its chmod
+        for d in dirs:
+            path = os.path.join(parent, d)
+            if not os.path.islink(path):
                 with contextlib.suppress(OSError):
-                    os.unlink(path)
-    return {"ok": True}
+                    os.chmod(path, 0o700)
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def write(req):
@@ -337,28 +419,50 @@ def write(req):
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # No following a link or opening a FIFO the agent left under this name.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            os.set_blocking(fd, True)
             view = memoryview(base64.b64decode(data))
             while view:
                 view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
         finally:
             os.close(fd)
-        os.chmod(path, mode)
     return {"ok": True}
 
 
 def read(req):
     path, max_bytes = req["path"], int(req["max_bytes"])
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         return {"missing": True}
-    except IsADirectoryError:
-        return {"isdir": True}
     except PermissionError:
         return {"denied": True}
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink, or a socket
+            return {"special": True}
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            return {"isdir": True}
+        if not stat.S_ISREG(mode):
+            return {"special": True}
+        os.set_blocking(fd, True)
+        parts, got = [], 0
+        while got <= max_bytes:
+            chunk = os.read(fd, min(max_bytes + 1 - got, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(parts)
     return {"data": base64.b64encode(data[:max_bytes]).decode(), "truncated": len(data) > max_bytes}
 
 
@@ -372,7 +476,12 @@ def _read_exact(fd, n):
     return bytes(buf)
 
 
-def main():
+def main(argv):
+    global _CONTAINED
+    _CONTAINED = "--contained" in argv
+    # Non-dumpable: a process of the same uid without CAP_SYS_PTRACE can no longer open this one's
+    # /proc/<pid>/fd, read or write its memory or trace it, so no command can reach the protocol stream.
+    _set_dumpable(False)
     # Keep the protocol streams on private fds so no command can inherit or scribble on them.
     rfd, wfd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -399,4 +508,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -10,8 +10,15 @@ import threading
 import time
 from collections.abc import Mapping
 
-from agentrl.sandbox.base import Sandbox, SandboxError, work_path
-from agentrl.sandbox.executor_client import ExecutorClient, ExecutorGone, ExecutorStuck, executor_lost_result
+from agentrl.sandbox.base import Sandbox, SandboxError, SpecialFileError, work_path
+from agentrl.sandbox.executor_client import (
+    ExecutorClient,
+    ExecutorError,
+    ExecutorGone,
+    ExecutorStuck,
+    b64_size,
+    executor_lost_result,
+)
 from agentrl.sandbox.result import ExecResult
 
 AGENT_UID = 1000
@@ -24,6 +31,17 @@ BASE_ENV = {
 }
 DEFAULT_READ_LIMIT = 16 * 1024 * 1024
 _FILE_OP_TIMEOUT = 60.0
+# A reset takes milliseconds; one that does not answer (an executor a leftover SIGSTOPped) gets the
+# sandbox replaced instead of holding the pool.
+_RESET_TIMEOUT = 10.0
+# Every place besides the work dir a command can write, with its mode; reset empties them all and
+# restores the modes (tests/sandbox/test_isolation.py proves it).
+WRITABLE_DIRS = {"/tmp": 0o1777, "/dev/shm": 0o1777, "/dev/mqueue": 0o1777}
+WORKDIR_MODE = 0o755
+# The health probe creates and removes a file in the work dir as the agent: a sandbox whose work dir a
+# previous episode made unusable (chmod 000) fails it.
+_PROBE = ("import os\nfd = os.open('.agentrl-probe', os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)\n"
+          "os.close(fd)\nos.unlink('.agentrl-probe')\nprint('ok')\n")
 
 
 class ExecutorSandbox(Sandbox):
@@ -74,16 +92,20 @@ class ExecutorSandbox(Sandbox):
         return not self._closed and self._gone_reason is None and self._runtime_alive()
 
     def healthy(self) -> bool:
-        """The runtime exists and the executor answers a ping (relaunching it if it had died)."""
+        """The runtime exists, the executor answers (relaunched if it had died) and a command run as the
+        agent can create and remove a file in the work dir. No process of the agent can answer for
+        the executor, so a leftover cannot fake this."""
         if self._closed or self._gone_reason is not None:
             return False
         try:
             with self._lock:
-                self._client().call({"op": "ping"}, 10.0)
-            return True
+                self._client()
+                res = self._exec([self.python, "-c", "<probe>"], timeout=10.0, stdin=None, env=None,
+                                 python_code=_PROBE)
         except Exception:
             self._drop_executor()
             return False
+        return res.exit_code == 0 and res.stdout == "ok\n"
 
     def run_python(self, code: str, *, timeout: float, stdin: str | bytes | None = None,
                    fresh_interpreter: bool = False) -> ExecResult:
@@ -107,7 +129,8 @@ class ExecutorSandbox(Sandbox):
         with self._lock:
             try:
                 client = self._client()
-            except SandboxError as exc:
+            except (SandboxError, ExecutorError) as exc:
+                self._drop_executor()
                 return ExecResult(exit_code=-1, stdout="", stderr=f"sandbox: {exc}\n", timed_out=False,
                                   oom_killed=False, duration_s=time.monotonic() - started, truncated=False)
             try:
@@ -129,14 +152,18 @@ class ExecutorSandbox(Sandbox):
                 self._drop_executor()
                 return executor_lost_result(started, timed_out=True,
                                             why="no answer within timeout + grace; every process was killed")
+            except ExecutorError as exc:  # a reply that broke the protocol, or a refused request
+                self._drop_executor()
+                return executor_lost_result(started, timed_out=False, why=f"executor failed: {exc}")
 
-    def _call(self, request: dict, timeout: float = _FILE_OP_TIMEOUT) -> dict:
+    def _call(self, request: dict, timeout: float = _FILE_OP_TIMEOUT, max_reply: int = 64 * 1024) -> dict:
         with self._lock:
             self.start()
             try:
-                return self._client().call(request, timeout)
-            except (ExecutorGone, ExecutorStuck) as exc:
-                self._drop_executor()
+                return self._client().call(request, timeout, max_reply=max_reply)
+            except ExecutorError as exc:
+                if not self._executor or self._executor.broken:
+                    self._drop_executor()
                 raise SandboxError(f"sandbox executor failed during {request['op']}: {exc}") from exc
 
     def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> None:
@@ -148,7 +175,7 @@ class ExecutorSandbox(Sandbox):
         if entries:
             try:
                 self._call({"op": "write", "files": entries})
-            except RuntimeError as exc:
+            except SandboxError as exc:
                 raise SandboxError(f"write_files failed: {exc}") from exc
 
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -156,16 +183,26 @@ class ExecutorSandbox(Sandbox):
         limit = DEFAULT_READ_LIMIT if max_bytes is None else int(max_bytes)
         if limit < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        msg = self._call({"op": "read", "path": f"{self.workdir}/{rel}", "max_bytes": limit})
+        msg = self._call({"op": "read", "path": f"{self.workdir}/{rel}", "max_bytes": limit},
+                         max_reply=b64_size(limit) + 1024)
         if msg.get("missing"):
             raise FileNotFoundError(f"{path} does not exist in the sandbox")
         if msg.get("isdir"):
             raise IsADirectoryError(f"{path} is a directory")
         if msg.get("denied"):
             raise PermissionError(f"{path} is not readable by the sandbox user")
-        return base64.b64decode(msg["data"])
+        if msg.get("special"):
+            raise SpecialFileError(f"{path} is a link, FIFO or socket, not a regular file")
+        if not isinstance(msg.get("data"), str):
+            raise SandboxError(f"bad read reply for {path}")
+        return base64.b64decode(msg["data"])[:limit]
 
     def reset(self) -> None:
-        """Kill every agent process and empty the work dir and /tmp (the container is kept)."""
-        self._call({"op": "reset", "paths": [self.workdir, "/tmp"]})
+        """Kill every agent process, remove its SysV IPC objects, empty the work dir and every other
+        writable place (/tmp, /dev/shm, /dev/mqueue) and give the work dir back its mode; SandboxError
+        when any of it could not be done (the pool then replaces the sandbox)."""
+        paths = [[self.workdir, WORKDIR_MODE], *([d, m] for d, m in WRITABLE_DIRS.items())]
+        msg = self._call({"op": "reset", "paths": paths}, _RESET_TIMEOUT)
+        if msg.get("ok") is not True:
+            raise SandboxError(f"reset failed: {msg.get('why')}")
         self.exec_count = 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.sandbox.backend import make_sandbox, resolve_backend
-from agentrl.sandbox.base import Sandbox, work_path
+from agentrl.sandbox.base import Sandbox, SpecialFileError, work_path
 from agentrl.sandbox.blocking import run_blocking
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.limits import SandboxLimits
@@ -35,6 +35,7 @@ from agentrl.sandbox.result import ExecResult
 RUNNER_SOURCE = Path(__file__).with_name("grade_runner.py").read_text()
 MOUNT = "/grader"
 MARK = "AGENTRL-GRADE"
+MAX_SOLUTION_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,19 @@ class Grader:
 
     def grade_from(self, agent_sandbox: Sandbox, paths: Sequence[str], test_files: Mapping[str, str | bytes], *,
                    timeout: float | None = None) -> GradeResult:
-        """Copy ``paths`` out of the agent's sandbox and grade them in a fresh one."""
+        """Copy ``paths`` out of the agent's sandbox without its help (``Sandbox.export_file``: the
+        engine's archive API, or the host) and grade them in a fresh one. A path that is missing, not a
+        regular file (a link, a FIFO) or too large fails the grade at once."""
         files = {}
         for path in paths:
             try:
-                files[path] = agent_sandbox.read_file(path)
+                files[path] = agent_sandbox.export_file(path, max_bytes=MAX_SOLUTION_BYTES)
             except FileNotFoundError:
                 return GradeResult(False, f"solution file {path} is missing")
+            except (SpecialFileError, IsADirectoryError):
+                return GradeResult(False, f"solution file {path} is not a regular file")
+            except ValueError:
+                return GradeResult(False, f"solution file {path} is larger than {MAX_SOLUTION_BYTES} bytes")
         return self.grade(files, test_files, timeout=timeout)
 
     def grade_many(self, items: Sequence[tuple[Mapping[str, str | bytes], Mapping[str, str | bytes]]], *,

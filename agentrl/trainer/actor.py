@@ -75,6 +75,21 @@ def _narrowed(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     return after
 
 
+def _who(samples: Sequence[Any], i: int) -> str:
+    s = samples[i]
+    return f"sample {i} (session {sample_field(s, 'session_id')!r}, group {sample_field(s, 'group_id')!r})"
+
+
+def _refuse_non_finite(samples: Sequence[Any], what: str, values: Sequence[Sequence[float]]) -> None:
+    """``ValueError`` naming the first sample with a NaN or infinite entry in its ``values``: one such
+    number reaches every weight through the optimizer's shared state."""
+    for i, row in enumerate(values):
+        if not math.isfinite(sum(row)):  # one C-speed pass (NaN and inf survive a sum); the entry only if needed
+            bad = next((j for j, x in enumerate(row) if not math.isfinite(x)), None)
+            where = f"[{bad}] is {row[bad]}" if bad is not None else " overflows"
+            raise ValueError(f"{_who(samples, i)}: {what}{where}; the batch is refused, nothing was trained")
+
+
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     out = rows[0].new_zeros(len(rows), width)
     for r, t in enumerate(rows):
@@ -225,18 +240,27 @@ class MegatronTrainer:
         """One GRPO update on the global batch ``samples``; returns averaged metrics.
 
         A batch whose every advantage is zero trains nothing and is skipped (``skipped: 1``), weights
-        unchanged; choosing which groups are worth training is the data buffer's group filter."""
+        unchanged; choosing which groups are worth training is the data buffer's group filter.
+
+        A NaN or infinite reward, rollout log-prob or advantage is a ``ValueError`` naming the sample,
+        raised before any optimizer step (weights, step and LR schedule unchanged). An optimizer step
+        whose loss or gradients come out non-finite is not taken (its weights unchanged) and counted in
+        ``nonfinite_steps``; ``skipped: 1`` when no step of the batch was taken."""
         cfg = self.config
         samples = list(samples)
         for i, s in enumerate(samples):
             validate_sample(s, i)
         rewards = [sample_reward(s, cfg.reward_key) for s in samples]
+        _refuse_non_finite(samples, "reward", [[r] for r in rewards])
+        _refuse_non_finite(samples, "rollout_logprobs", [sample_field(s, "rollout_logprobs") or [] for s in samples])
         groups = [sample_field(s, "group_id") for s in samples]
         metrics_out: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1),
                                          "n_samples": float(len(samples))}
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         # With KL in the reward the advantages need the forward below; otherwise they are known now.
         advantages = None if cfg.kl_in_reward else self.advantage_fn(reward_t, groups).tolist()
+        if advantages is not None:
+            _refuse_non_finite(samples, "advantage", [[a] for a in advantages])
         if len(samples) < self.dp_size or (advantages is not None and not any(advantages)):
             return self._skip(metrics_out)
 
@@ -254,6 +278,7 @@ class MegatronTrainer:
             adjusted = self._rewards_with_kl(reward_t, mbs, old, ref, local)
             metrics_out["kl_reward_penalty"] = float((reward_t - adjusted).mean())
             advantages = self.advantage_fn(adjusted, groups).tolist()
+            _refuse_non_finite(samples, "advantage (KL in the reward)", [[a] for a in advantages])
         if self.credit_fn is not None:
             before = sum(sum(sample_field(s, "loss_mask")) for s in samples)
             samples = _narrowed(samples, self.credit_fn(samples, advantages))
@@ -267,7 +292,9 @@ class MegatronTrainer:
         loss_cfg = cfg.loss.model_copy(update={"kl_coef": 0.0}) if cfg.kl_in_reward else cfg.loss
         totals: dict[str, float] = {}
         token_weight = 0.0
-        for chunk_no, chunk in enumerate(self._minibatch_chunks(local, len(samples))):
+        chunks = self._minibatch_chunks(local, len(samples))
+        nonfinite = 0
+        for chunk_no, chunk in enumerate(chunks):
             chunk_samples = [samples[i] for i in chunk]
             # Global denominators: this mini-batch across all data-parallel ranks.
             peers = [self._minibatch_chunks(self._local_indices(len(samples), r), len(samples))[chunk_no]
@@ -277,6 +304,7 @@ class MegatronTrainer:
             self.model.train()
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
+            chunk_loss = 0.0
             for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
                 ids = [chunk[j] for j in mb.index]
                 old_lp = _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
@@ -297,6 +325,7 @@ class MegatronTrainer:
                 (loss * self.dp_size).backward()
                 w = float(mb.n_tokens)
                 token_weight += w
+                chunk_loss += float(loss.detach())
                 totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                 for k, v in m.items():
                     if k != "pg_loss":
@@ -306,14 +335,31 @@ class MegatronTrainer:
             lr = float(self.optimizer.param_groups[0]["lr"])
             with cuda_to_cpu():
                 self.model.finish_grad_sync()
-                _, grad_norm, _ = self.optimizer.step()
+                if self._all_finite(chunk_loss):
+                    _, grad_norm, _ = self.optimizer.step()
+                else:
+                    nonfinite, grad_norm = nonfinite + 1, float("nan")
         self.step += 1
+        if nonfinite:
+            metrics_out["nonfinite_steps"] = float(nonfinite)
+            if nonfinite == len(chunks):
+                metrics_out["skipped"] = 1.0
         metrics_out.update(self._reduce_metrics(totals, token_weight))
         metrics_out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics_out["lr"] = lr
         metrics_out["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
         metrics_out["step"] = float(self.step)
         return metrics_out
+
+    def _all_finite(self, loss: float) -> bool:
+        """Whether ``loss`` and every gradient are finite on every rank (all must agree to step or not)."""
+        bad = torch.zeros((), device=self.device)
+        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+            bad += (~torch.isfinite(buffer.grad_data)).any()
+        bad += not math.isfinite(loss)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(bad)
+        return not bad.item()
 
     @staticmethod
     def _per_sample(mbs: list[MicroBatch], values: list[torch.Tensor], local: list[int]) -> dict[int, torch.Tensor]:

@@ -123,8 +123,13 @@ def test_resume_gives_the_same_next_step(tiny_dir, tmp_path):
     assert got == want
     for name, w in b.export_hf_named_tensors():
         assert torch.equal(w, want_weights[name]), name
+    # Saving over a checkpoint (an earlier attempt's) replaces it; a directory that is none is refused.
+    b.save_checkpoint(tmp_path / "ckpt", extra_state={"weight_version": 2})
+    assert a.load_checkpoint(tmp_path / "ckpt") == {"weight_version": 2} and a.step == 2
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a checkpoint")
     with pytest.raises(FileExistsError):
-        b.save_checkpoint(tmp_path / "ckpt")
+        b.save_checkpoint(tmp_path / "other")
     with pytest.raises(FileNotFoundError):
         b.load_checkpoint(tmp_path)
 
@@ -265,3 +270,101 @@ def test_the_first_warm_up_step_trains_at_a_nonzero_lr(tiny_dir):
     trainer2 = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3, lr_warmup_steps=2))
     trainer2.train_step(synthetic_samples(n_groups=2, per_group=4, seed=0))
     assert not all(torch.equal(w, before[n]) for n, w in trainer2.export_hf_named_tensors())
+
+
+# ---------------------------------------------------------------------------------------------- non-finite values
+
+
+def _snapshot(trainer):
+    return {n: w.clone() for n, w in trainer.export_hf_named_tensors()}
+
+
+def _optimizer_tensors(trainer) -> list[torch.Tensor]:
+    def walk(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj.detach().clone()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from walk(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                yield from walk(v)
+    return list(walk(trainer.optimizer.state_dict()))
+
+
+def _same_optimizer(trainer, before) -> bool:
+    after = _optimizer_tensors(trainer)
+    return len(after) == len(before) > 0 and all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def _same_weights(trainer, before) -> bool:
+    return all(torch.equal(w, before[n]) for n, w in trainer.export_hf_named_tensors())
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("reward", float("nan"), r"sample 5 \(session None, group 1\): reward\[0\] is nan"),
+    ("reward", float("-inf"), r"sample 5 .*reward\[0\] is -inf"),
+    ("reward", {"score": float("inf")}, r"sample 5 .*reward\[0\] is inf"),
+    ("rollout_logprobs", float("nan"), r"sample 5 .*rollout_logprobs\[1\] is nan"),
+    ("rollout_logprobs", float("-inf"), r"sample 5 .*rollout_logprobs\[1\] is -inf"),
+])
+def test_a_batch_with_a_non_finite_value_is_refused_and_trains_nothing(tiny_dir, field, value, match):
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-2))
+    trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=4))  # Adam has state to poison
+    before, adam = _snapshot(trainer), _optimizer_tensors(trainer)
+    batch = synthetic_samples(n_groups=2, per_group=4, seed=5)
+    if field == "reward":
+        batch[5]["reward"] = value
+    else:
+        batch[5]["rollout_logprobs"][1] = value
+    with pytest.raises(ValueError, match=match + "; the batch is refused, nothing was trained"):
+        trainer.train_step(batch)
+    assert _same_weights(trainer, before) and trainer.step == 1 and trainer.scheduler.num_steps == 1
+    assert _same_optimizer(trainer, adam)
+    # The same trainer goes on with a good batch, and its weights stay finite.
+    assert trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=6))["step"] == 2.0
+    assert all(torch.isfinite(w).all() for _, w in trainer.export_hf_named_tensors())
+
+
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_a_non_finite_advantage_is_refused(tiny_dir, kl_in_reward):
+    import math
+
+    loss = {"kl_coef": 0.01} if kl_in_reward else {}
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(kl_in_reward=kl_in_reward, loss=loss))
+    trainer.advantage_fn = lambda rewards, groups: torch.where(torch.arange(len(rewards)) == 2, math.nan, 1.0)
+    before = _snapshot(trainer)
+    with pytest.raises(ValueError, match=r"sample 2 .*: advantage.*\[0\] is nan"):
+        trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=5))
+    assert _same_weights(trainer, before) and trainer.step == 0
+
+
+@pytest.mark.parametrize("poison", ["loss", "grad"])
+def test_a_non_finite_loss_or_gradient_skips_the_optimizer_step(tiny_dir, monkeypatch, poison):
+    import math
+
+    import agentrl.trainer.actor as actor
+
+    real = actor.policy_loss
+
+    def poisoned(lp, *args, **kwargs):
+        loss, metrics = real(lp, *args, **kwargs)
+        if poison == "loss":
+            return loss * math.nan, metrics
+        # sqrt'(0) is inf: the value stays finite, every gradient becomes NaN.
+        return loss + 0.0 * torch.sqrt(lp - lp.detach()).sum(), metrics
+
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-2, steps_per_batch=2))
+    trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=4))
+    before, adam = _snapshot(trainer), _optimizer_tensors(trainer)
+    monkeypatch.setattr(actor, "policy_loss", poisoned)
+    metrics = trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=5))
+    assert metrics["nonfinite_steps"] == 2.0 and metrics["skipped"] == 1.0 and math.isnan(metrics["grad_norm"])
+    assert math.isfinite(metrics["loss"]) == (poison == "grad")
+    assert _same_weights(trainer, before) and _same_optimizer(trainer, adam)
+    assert trainer.step == 2  # counted like any other skipped step (the LR schedule moves on)
+    monkeypatch.setattr(actor, "policy_loss", real)
+    good = trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=6))
+    assert "nonfinite_steps" not in good and math.isfinite(good["grad_norm"])
+    assert not _same_weights(trainer, before)
+    assert all(torch.isfinite(w).all() for _, w in trainer.export_hf_named_tensors())
