@@ -46,6 +46,9 @@ class Environment:
     # cannot be interrupted: make slow tools async).
     tool_timeout_s: ClassVar[float | None] = None
     tools: ClassVar[dict[str, ToolSpec]] = {}
+    # A pydantic model of one task: when the run reads tasks from data files, every row is validated
+    # against it before training starts (a wrong type names the file and row), and ``reset`` gets its dump.
+    task_model: ClassVar[type[Any] | None] = None
 
     # Per-episode state, as class-level defaults so a subclass ``__init__`` need not call super().
     # The loop sets ``task`` and ``messages`` (the live history) right after ``reset``.

@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"output_dir": str(out), "steps": sum(1 for _ in (out / "metrics.jsonl").open())}))
         return 0
     from agentrl.run.bookkeeping import RunDirError
+    from agentrl.run.data import DataError
     from agentrl.run.loop import train
 
     try:
         out = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    except RunDirError as err:
+    except (RunDirError, DataError) as err:  # raised before Ray or any engine starts
         print(f"agentrl train: {err}", file=sys.stderr)
         return 2
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())

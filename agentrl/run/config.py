@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrl.plugins import resolve
+from agentrl.plugins import load_function, resolve
 from agentrl.rollout.settings import RolloutSettings
+from agentrl.run.data import DataSection, FunctionTasks, TaskSource, is_data_path, load_dataset_tasks
 from agentrl.run.warmup import WarmupConfig
 from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.trainer_config import TrainerConfig
@@ -41,9 +42,11 @@ class RunConfig(Settings):
     moved_keys: ClassVar[dict[str, str]] = {"temperature": "set it as rollout.temperature"}
 
     env: str = Field("agentrl.envs.arithmetic:ArithmeticToolEnv", description="module:Class of the Environment")
-    tasks: FunctionPath = Field("agentrl.envs.arithmetic:make_tasks",
-                       description="module:function (n, *, seed, split, **task_kwargs) -> tasks; split is train or heldout")
-    task_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of tasks")
+    tasks: str = Field("agentrl.envs.arithmetic:make_tasks",
+                       description="module:function (n, *, seed, split, **task_kwargs) -> tasks (split: train or heldout), "
+                                   "or a JSONL / Parquet / CSV file, a folder of them, or a saved HF dataset (see data)")
+    task_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of a task function")
+    data: DataSection = Field(default_factory=DataSection, description="how rows of task data become tasks")
     expert: FunctionPath | None = Field(None, description="module:function task -> expert messages; set: supervised warm-up first")
     output_dir: str = Field("runs/agentrl", description="metrics.jsonl, reward_curve.png, checkpoints/, logs/")
     cache_dir: str = Field(".cache/agentrl", description="built and warmed-up models, reused across runs")
@@ -63,6 +66,13 @@ class RunConfig(Settings):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the Megatron trainer")
     eval: EvalSection = Field(default_factory=EvalSection, description="held-out evaluation")
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_load(cls, value: str) -> str:
+        if not is_data_path(value):  # data is read (and every row checked) when the run starts, before Ray
+            load_function(value)
+        return value
 
     @field_validator("env")
     @classmethod
@@ -90,6 +100,15 @@ class RunConfig(Settings):
     @property
     def runs_warmup(self) -> bool:
         return self.expert is not None
+
+    def task_source(self) -> TaskSource:
+        """The run's tasks; data is read and every row validated here (call before Ray starts)."""
+        if not is_data_path(self.tasks):
+            return FunctionTasks(load_function(self.tasks), seed=self.seed, task_kwargs=self.task_kwargs)
+        from agentrl.envs import Environment
+
+        env = resolve(self.env, {}, what="env", base=Environment)
+        return load_dataset_tasks(self.tasks, self.data, seed=self.seed, task_model=env.task_model)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from agentrl.run.bookkeeping import MetricsLog
 from agentrl.run.config import RunConfig
+from agentrl.run.data import TaskSource
 
 
 def _key(*parts: Any) -> str:
@@ -29,7 +30,8 @@ def base_model_dir(cfg: RunConfig) -> Path:
     return out
 
 
-def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any], log: MetricsLog | None) -> Path:
+def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, heldout: list[Any],
+                   log: MetricsLog | None) -> Path:
     """Supervised warm-up of ``base`` on expert chats, evaluated through the rollout engines; cached.
 
     Warm-up rows go to ``log`` (also when cached, marked so); pass None on resume, where they are there."""
@@ -42,7 +44,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
     if not cfg.runs_warmup:
         return base
     w = cfg.warmup
-    out = Path(cfg.cache_dir) / f"warm-{_key(str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.expert, w.model_dump(), cfg.seed)}"
+    out = Path(cfg.cache_dir) / f"warm-{_key(str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.data.model_dump(), cfg.expert, w.model_dump(), cfg.seed)}"
     done = out / "warmup.json"
     if done.exists():
         for record in json.loads(done.read_text())["history"] if log else []:
@@ -55,7 +57,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
     def expert_chats(tasks: list[Any]) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
         return [(expert(task), env_cls.tool_schemas()) for task in tasks]
 
-    tasks = load_function(cfg.tasks)(w.num_conversations, seed=cfg.seed + 1, split="train", **cfg.task_kwargs)
+    train = tasks.warmup(w.num_conversations, seed=cfg.seed + 1)
     bar = tqdm(total=w.max_steps, desc="warm-up")
 
     def evaluate(path: Path) -> float:
@@ -70,7 +72,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, heldout: list[Any],
         if log:
             log.write(record)
 
-    result = supervised_warmup(base, out, expert_chats(tasks), evaluate, w, progress=progress,
+    result = supervised_warmup(base, out, expert_chats(train), evaluate, w, progress=progress,
                                heldout=expert_chats(heldout), seed=cfg.seed)
     bar.close()
     done.write_text(json.dumps({"steps": result.steps, "accuracy": result.accuracy, "history": result.history}))

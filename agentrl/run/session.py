@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.plugins import load_function
 from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
 
@@ -41,8 +40,10 @@ class Run:
         self.checkpoints = CheckpointDir(self.out / "checkpoints")
         self.resume = resume
         self.log_dir = self.out / "logs"
-        self.make_tasks = load_function(cfg.tasks)
-        self.heldout = self.make_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", **cfg.task_kwargs)
+        self.tasks = cfg.task_source()  # a user's data is read and every row checked here, before Ray
+        self.heldout = self.tasks.heldout(cfg.eval.num_tasks)
+        cap = self.tasks.max_steps(cfg.rollout.prompts_per_step)
+        self.last_step = cfg.steps if cap is None else min(cfg.steps, cap)
         self.log = MetricsLog(self.out / "metrics.jsonl",
                               resume_step=self.checkpoints.latest_step() if resume else None)
         self.first_step = 0
@@ -69,7 +70,8 @@ class Run:
             self.rollout = remote(RolloutWorker, num_cpus=0).remote(
                 str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.model.dtype,
                 group_filter=cfg.group_filter, log_dir=str(self.log_dir))
-            model_dir = warm_model_dir(cfg, base, self.rollout, self.heldout, None if self.resume else self.log)
+            model_dir = warm_model_dir(cfg, base, self.rollout, self.tasks, self.heldout,
+                                       None if self.resume else self.log)
             self.trainers = start_trainer_group(model_dir, cfg.trainer.model_dump(), cfg.rollout.temperature,
                                                 cfg.trainer_ranks)
             urls = ray.get(self.rollout.engine_urls.remote())
@@ -89,6 +91,7 @@ class Run:
             extra = ray.get([t.load_checkpoint.remote(str(self.checkpoints.latest())) for t in self.trainers])[0]
             self.first_step = extra["step"]
             ray.get(self.rollout.load_buffer_state.remote(extra["buffer"]))
+            self.tasks.load_state_dict(extra.get("data", {}), self.first_step)
         self.update_weights(self.first_step)  # engines serve exactly the trainer's weights before any sample
         if not self.resume:
             self.log.write({"step": 0, "model_dir": str(model_dir), **self.evaluate()})
@@ -110,15 +113,13 @@ class Run:
                 plot_curves(self.out / "metrics.jsonl", self.out / "reward_curve.png")
 
     def steps(self) -> range:
-        return range(self.first_step, self.cfg.steps)
+        return range(self.first_step, self.last_step)
 
     # ------------------------------------------------------------------------------------------ the verbs
 
     def generate(self, step: int) -> PendingBatch:
-        """Start the rollout of ``step``'s tasks (seeded by the step, so a resumed run draws the same)."""
-        cfg = self.cfg
-        tasks = self.make_tasks(cfg.rollout.prompts_per_step, seed=cfg.seed * 1_000_003 + step, split="train",
-                                **cfg.task_kwargs)
+        """Start the rollout of ``step``'s tasks (a function of the step, so a resumed run reads on)."""
+        tasks = self.tasks.train(self.cfg.rollout.prompts_per_step, step)
         samples, metrics = self.rollout.rollout.options(num_returns=2).remote(tasks)
         return PendingBatch(step, samples, metrics)
 
@@ -155,7 +156,8 @@ class Run:
         """Checkpoint every rank and the data buffer as ``step``; point ``latest`` at it."""
         import ray
 
-        state = {"step": step, "buffer": ray.get(self.rollout.buffer_state.remote())}
+        state = {"step": step, "buffer": ray.get(self.rollout.buffer_state.remote()),
+                 "data": self.tasks.state_dict(step, self.cfg.rollout.prompts_per_step)}
         path = str(self.checkpoints.path(step))
         ray.get([t.save_checkpoint.remote(path, state) for t in self.trainers])
         self.checkpoints.mark_latest(step)
@@ -170,7 +172,7 @@ class Run:
     def end_step(self, step: int, metrics: dict[str, Any]) -> bool:
         """Record ``step``: evaluate and checkpoint when due (and always on the last step), write its
         metric row. True when the run is over (step cap or time budget)."""
-        last = step >= self.cfg.steps or time.monotonic() > self._deadline
+        last = step >= self.last_step or time.monotonic() > self._deadline
         if step % self.cfg.eval.every == 0 or last:
             metrics.update(self.evaluate())
             self.save(step)

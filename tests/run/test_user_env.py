@@ -59,3 +59,20 @@ def test_a_user_env_with_the_defaults_trains(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert not any("warmup_step" in r for r in rows)  # no expert configured: no warm-up
     assert [r["step"] for r in rows] == [0, 1] and rows[1]["rollout/episodes"] == 4
+
+
+def test_tasks_from_a_jsonl_file_train_and_resume(tmp_path: Path) -> None:
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"x": a, "y": b, "sum": a + b}) + "\n" for a in range(10, 20) for b in (31, 47)))
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "agentrl.cli", "train", "--tasks", str(data), "--data.fields",
+            '{"a": "x", "b": "y", "answer": "sum"}', "--output-dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+            "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "2",
+            "--rollout.max_new_tokens", "8", "--eval.num_tasks", "2", "--eval.every", "1"]
+    repo = Path(__file__).resolve().parents[2]
+    first = subprocess.run([*args, "--steps", "1"], capture_output=True, text=True, timeout=500, cwd=repo)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = subprocess.run([*args, "--steps", "2", "--resume"], capture_output=True, text=True, timeout=500, cwd=repo)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[2]["rollout/episodes"] == 4
