@@ -12,6 +12,8 @@ feature we lack. A name SGLang does not know is rejected with 400 naming it: a t
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,14 @@ _IGNORED_SAMPLING_DEFAULTS: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Integers go into int64 tensors and torch's seeding; floats must be finite and normal (a subnormal
+# temperature divides logits into inf and NaN).
+_INT64_MAX = 2**63 - 1
+# Below this a temperature turns float32 logits into overflow; SGLang treats such values as greedy, we ask
+# for an explicit 0 so the returned log-probs mean what the client thinks.
+MIN_TEMPERATURE = 1e-6
+
+
 def _is_empty(value: Any) -> bool:
     return value is None or value is False or value == -1 or value in ((), [], {}, "") or value == 0
 
@@ -106,6 +116,8 @@ class SamplingParams:
         if unknown:
             raise BadRequest(f"unknown sampling_params field(s): {', '.join(unknown)}")
         for key, defaults in _IGNORED_SAMPLING_DEFAULTS.items():
+            if isinstance(raw.get(key), float) and not math.isfinite(raw[key]):
+                raise BadRequest(f"sampling_params.{key} must be a finite number, got {raw[key]!r}")
             if key in raw and raw[key] not in defaults:
                 raise BadRequest(f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine")
         out = cls()
@@ -116,8 +128,9 @@ class SamplingParams:
                 raise BadRequest(f"sampling_params.max_new_tokens must be >= 1, got {out.max_new_tokens}")
         if "temperature" in vals:
             out.temperature = _float(vals["temperature"], "temperature")
-            if out.temperature < 0:
-                raise BadRequest(f"sampling_params.temperature must be >= 0, got {out.temperature}")
+            if out.temperature < 0 or 0 < out.temperature < MIN_TEMPERATURE:
+                raise BadRequest(f"sampling_params.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                                 f"got {out.temperature!r}")
         if "top_p" in vals:
             out.top_p = _float(vals["top_p"], "top_p")
             if not 0.0 < out.top_p <= 1.0:
@@ -149,6 +162,8 @@ class SamplingParams:
                 raise BadRequest(f"sampling_params.n must be in [1, 256], got {out.n}")
         if "sampling_seed" in vals:
             out.sampling_seed = _int(vals["sampling_seed"], "sampling_seed")
+            if out.sampling_seed < 0:  # n > 1 seeds seed + i: with seed <= 2**63-1 that stays a valid torch seed
+                raise BadRequest(f"sampling_params.sampling_seed must be in [0, 2**63), got {out.sampling_seed}")
         if "skip_special_tokens" in vals:
             out.skip_special_tokens = _bool(vals["skip_special_tokens"], "skip_special_tokens")
         if "no_stop_trim" in vals:
@@ -157,15 +172,31 @@ class SamplingParams:
 
 
 def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise BadRequest(f"sampling_params.{name} must be an integer, got {value!r}")
+    integral = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not integral:
+        raise BadRequest(f"sampling_params.{name} must be an integer, got {_brief(value)}")
+    if not -_INT64_MAX <= value <= _INT64_MAX:
+        raise BadRequest(f"sampling_params.{name} is out of range (|value| < 2**63), got {_brief(value)}")
     return int(value)
 
 
 def _float(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"sampling_params.{name} must be a number, got {value!r}")
-    return float(value)
+        raise BadRequest(f"sampling_params.{name} must be a number, got {_brief(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise BadRequest(f"sampling_params.{name} must be a finite number, got {_brief(value)}")
+    if 0 < abs(number) < sys.float_info.min:
+        raise BadRequest(f"sampling_params.{name} is subnormal ({_brief(value)}): too small to compute with")
+    return number
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _bool(value: Any, name: str) -> bool:

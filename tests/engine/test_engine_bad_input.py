@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 OK = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
@@ -28,6 +30,22 @@ CASES = {
     "sampling_params not an object": ({"input_ids": [1], "sampling_params": [1, 2]}, "sampling_params"),
     "body not an object": ([1, 2, 3], "JSON object"),
     "stream with batch": ({"input_ids": [[1], [2]], "stream": True}, "stream"),
+    # non-finite, subnormal and out-of-range numbers: a clear 400, never a 500 or garbage tokens
+    **{f"{key} {label}": ({"input_ids": [1, 2], "sampling_params": {key: value}}, key)
+       for key in ("temperature", "top_p", "min_p", "top_k", "max_new_tokens", "n")
+       for label, value in (("nan", float("nan")), ("inf", float("inf")), ("-inf", float("-inf")))},
+    **{f"{key} subnormal": ({"input_ids": [1, 2], "sampling_params": {key: 1e-320}}, "subnormal")
+       for key in ("temperature", "top_p", "min_p")},
+    "temperature tiny": ({"input_ids": [1, 2], "sampling_params": {"temperature": 1e-9}}, "temperature"),
+    "temperature huge int": ({"input_ids": [1, 2], "sampling_params": {"temperature": 10**400}}, "finite"),
+    "top_k beyond int64": ({"input_ids": [1, 2], "sampling_params": {"top_k": 1e300}}, "top_k"),
+    "max_new_tokens beyond int64": ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2**70}}, "out of range"),
+    "seed 2**64": ({"input_ids": [1, 2], "sampling_params": {"sampling_seed": 2**64}}, "sampling_seed"),
+    "seed negative": ({"input_ids": [1, 2], "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
+    "seed nan": ({"input_ids": [1, 2], "sampling_params": {"sampling_seed": float("nan")}}, "sampling_seed"),
+    **{f"{key} nan": ({"input_ids": [1, 2], "sampling_params": {key: float("nan")}}, key)
+       for key in ("frequency_penalty", "presence_penalty", "repetition_penalty")},
+    "penalty inf": ({"input_ids": [1, 2], "sampling_params": {"frequency_penalty": float("inf")}}, "finite"),
 }
 
 
@@ -39,7 +57,8 @@ def still_serving(client) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_generate_body_is_a_400_with_a_clear_message(client, name):
     body, needle = CASES[name]
-    r = client.post("/generate", json=body)
+    # json.dumps, unlike httpx's json=, writes NaN and Infinity (as Python clients, and SGLang, accept them)
+    r = client.post("/generate", content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert needle in message, message
@@ -85,3 +104,15 @@ def test_known_sglang_fields_with_default_values_are_accepted(client):
     }
     r = client.post("/generate", json=body)
     assert r.status_code == 200, r.text
+
+
+def test_largest_seed_and_tiny_valid_temperature_sample(client):
+    """The edges of the valid ranges still generate (seed 2**63-1 with n=4 seeds up to 2**63+2)."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 2**63 - 1, "n": 4,
+                                                       "temperature": 1e-6, "ignore_eos": True},
+            "return_logprob": True}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    for out in r.json():
+        logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert len(out["output_ids"]) == 3 and all(lp <= 0.0 and lp == lp for lp in logprobs)
