@@ -14,13 +14,19 @@ the smg fan-out selector that reaches every engine's weight routes at once.
   in CUDA IPC handles (naming the GPU by UUID, :mod:`agentrl.engine.cuda_ipc`) and CPU tensors in shared memory. For CPU tensors the sender must use the
   ``file_system`` sharing strategy (the default ``file_descriptor`` one passes fds that only live over a
   Unix socket); :func:`serialize_named_tensors` sets it. The sender must keep the tensors alive until the
-  request returns. Both sides must trust each other: this is pickle (as in SGLang).
+  request returns. Both sides must trust each other: this is pickle (as in SGLang), so the route takes it
+  only from a caller presenting the run's secret (:mod:`agentrl.engine.server`).
 
 Use :func:`serialize_named_tensors` / :func:`update_weights_from_tensor_body` on the trainer side.
 
 Checksum (``GET /weights_checksum`` and :func:`weights_checksum`): xxh3_64 of each parameter's raw
 bytes (contiguous, native little-endian, its own dtype) in HF ``named_parameters`` order; the total is
 xxh3_64 over ``name \\0 dtype \\0 shape \\0 per-tensor digest`` of every parameter in that order.
+
+File manifest (:data:`CHECKSUM_MANIFEST`, written by :func:`write_checksum_manifest` next to the weight
+files a sender puts on disk): ``{"algorithm": "xxh3_64", "files": {name: {"bytes": n, "xxh3_64": hex}}}``.
+:func:`read_checkpoint` verifies it, when present, before reading any tensor; a damaged, truncated,
+missing or unlisted weight file is a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
     import torch
 
 FORMATS = ("safetensors", None)
+CHECKSUM_MANIFEST = "agentrl-checksums.json"
+_CHUNK = 16 << 20
 
 # smg's RL fan-out (``POST /v1/rl/engine/<path>?selector=...`` on a router started with ``--enable-rl``)
 # requires a label selector; this one matches every registered worker (no worker has that engine name),
@@ -106,26 +114,84 @@ def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str
     raise ValueError(f"unsupported load_format {fmt!r}; use one of {FORMATS}")
 
 
+def file_digest(path: str | Path) -> str:
+    """xxh3_64 of a file's bytes (read in chunks)."""
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksum_manifest(directory: str | Path, files: Iterable[str | Path]) -> Path:
+    """Write :data:`CHECKSUM_MANIFEST` for ``files`` (inside ``directory``); returns its path."""
+    directory = Path(directory)
+    entries = {}
+    for f in files:
+        f = directory / Path(f).name
+        entries[f.name] = {"bytes": f.stat().st_size, "xxh3_64": file_digest(f)}
+    path = directory / CHECKSUM_MANIFEST
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"algorithm": "xxh3_64", "files": entries}, indent=1))
+    tmp.rename(path)  # never seen half-written
+    return path
+
+
+def verify_checksum_manifest(directory: str | Path, weight_files: Iterable[Path]) -> bool:
+    """Check ``weight_files`` against the directory's manifest; ``False`` when there is none. Raises
+    ``ValueError`` naming the first file that is unlisted, missing, of another size or other bytes."""
+    directory = Path(directory)
+    path = directory / CHECKSUM_MANIFEST
+    if not path.exists():
+        return False
+    try:
+        manifest = json.loads(path.read_text())
+        entries = manifest["files"]
+        if manifest.get("algorithm") != "xxh3_64" or not isinstance(entries, dict):
+            raise ValueError("unknown algorithm or no file list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a valid checksum manifest: {exc}") from None
+    unlisted = sorted({f.name for f in weight_files} - entries.keys())
+    if unlisted:
+        raise ValueError(f"{directory / unlisted[0]} is not listed in {CHECKSUM_MANIFEST}")
+    for name, entry in sorted(entries.items()):
+        f = directory / name
+        if not f.is_file():
+            raise ValueError(f"{f} is listed in {CHECKSUM_MANIFEST} but missing")
+        size = f.stat().st_size
+        if size != entry.get("bytes"):
+            raise ValueError(f"{f} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or padded)")
+        if file_digest(f) != entry.get("xxh3_64"):
+            raise ValueError(f"{f} fails its checksum: its bytes changed after it was written")
+    return True
+
+
 def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the ``*.safetensors`` (or ``pytorch_model*.bin``) files of an HF model directory."""
+    """All tensors of the ``*.safetensors`` (or ``pytorch_model*.bin``) files of an HF model directory,
+    checked against its checksum manifest first when it has one. A missing directory or no weight files
+    is ``FileNotFoundError``; a damaged file ``ValueError`` naming it."""
     import torch
 
     path = Path(model_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"model_path {str(path)!r} is not a directory")
-    files = sorted(path.glob("*.safetensors"))
-    tensors: dict[str, torch.Tensor] = {}
-    if files:
-        from safetensors.torch import load_file
-
-        for f in files:
-            tensors.update(load_file(str(f)))
-        return tensors
-    bins = sorted(path.glob("pytorch_model*.bin"))
-    if not bins:
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+    if not files:
         raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
-    for f in bins:
-        tensors.update(torch.load(f, map_location="cpu", weights_only=True))
+    verify_checksum_manifest(path, files)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            if f.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                tensors.update(load_file(str(f)))
+            else:
+                tensors.update(torch.load(f, map_location="cpu", weights_only=True))
+        except Exception as exc:  # safetensors and torch raise their own types for damaged files
+            raise ValueError(f"cannot read {f}: {type(exc).__name__}: {exc}") from None
     return tensors
 
 

@@ -1,6 +1,7 @@
 """The ``disk`` transport: files in a directory (tmpfs when available) the engines read; the ``disk`` mode.
 
-Full weights: HF safetensors shards in ``<root>/<weight_version>/``, loaded with
+Full weights: HF safetensors shards in ``<root>/<weight_version>/`` with a checksum manifest the engine
+verifies before loading (:data:`~agentrl.engine.weight_loading.CHECKSUM_MANIFEST`), loaded with
 ``/update_weights_from_disk``; once every engine acknowledged a version, older version directories
 written by this transport are deleted, so tmpfs holds one copy of the model. Delta payloads: one file,
 applied with ``/update_weights_from_delta`` and deleted right after.
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.engine.weight_loading import write_checksum_manifest
 from agentrl.weights.bucket import unique_named_tensors
 from agentrl.weights.engines import CallResult, EngineClient, raise_errors
 from agentrl.weights.sync import FullSync
@@ -68,7 +70,8 @@ def _alive(pid: int) -> bool:
 
 
 def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *, shard_bytes: int = SHARD_BYTES) -> int:
-    """Write ``tensors`` as ``model-XXXXX.safetensors`` shards of at most ``shard_bytes``; returns bytes written.
+    """Write ``tensors`` as ``model-XXXXX.safetensors`` shards of at most ``shard_bytes`` plus their checksum
+    manifest; returns the shards' bytes.
 
     Written to a temporary name and renamed, so a reader never sees a half-written shard.
     """
@@ -84,14 +87,15 @@ def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *
             size = 0
         shards[-1][name] = t.detach().contiguous().cpu()
         size += nbytes
-    written = 0
+    files = []
     for i, shard in enumerate(shards):
         final = directory / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         tmp = final.with_suffix(".tmp")
         save_file(shard, str(tmp), metadata={"format": "pt"})
         tmp.rename(final)
-        written += final.stat().st_size
-    return written
+        files.append(final)
+    write_checksum_manifest(directory, files)
+    return sum(f.stat().st_size for f in files)
 
 
 class DiskTransport(Transport):
