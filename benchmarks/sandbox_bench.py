@@ -5,7 +5,9 @@ through the grader (canonical must pass, broken must fail).
     python3 benchmarks/sandbox_bench.py [--execs 200] [--cold 10] [--backend docker] [--humaneval]
 
 Prints a table and writes benchmarks/results/sandbox_bench.json. Targets (warm pool, trivial Python
-snippet): >= 20 exec/s and p50 < 60 ms.
+snippet; issue 21): >= 200 exec/s and p50 < 5 ms at pool size 1, an episode cycle (acquire with its
+health check, one exec, release with its reset) p50 < 60 ms. The machine's load average is recorded
+with every run: on 2 shared cores it moves these numbers more than any change.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agentrl.sandbox import SandboxPool  # noqa: E402
 from agentrl.sandbox.backend import make_sandbox  # noqa: E402
 
 SNIPPET = "print(sum(range(10)))"
-TARGET_RATE, TARGET_P50_MS = 20.0, 60.0
+TARGET_RATE, TARGET_P50_MS, TARGET_CYCLE_P50_MS = 200.0, 5.0, 60.0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     results: dict = {"backend": args.backend, "snippet": SNIPPET, "cpus": os.cpu_count(),
-                     "loadavg_start": os.getloadavg()[0], "targets": {"exec_per_s": TARGET_RATE, "p50_ms": TARGET_P50_MS}}
+                     "loadavg_start": os.getloadavg()[0], "targets": {"exec_per_s": TARGET_RATE, "p50_ms": TARGET_P50_MS,
+                                                             "episode_cycle_p50_ms": TARGET_CYCLE_P50_MS}}
     results["cold"] = bench_cold(args.backend, args.cold)
     results["warm"] = [bench_warm(args.backend, int(s), args.execs) for s in args.sizes.split(",")]
     if args.also_bwrap and args.backend != "bwrap":
@@ -226,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         results["humaneval"] = bench_humaneval(args.backend, concurrency=2)
     results["loadavg_end"] = os.getloadavg()[0]
     for w in results["warm"]:
-        w["meets_target"] = w["exec_per_s"] >= TARGET_RATE and w["p50_ms"] < TARGET_P50_MS
+        w["meets_target"] = (w["exec_per_s"] >= TARGET_RATE and w["p50_ms"] < TARGET_P50_MS
+                             and w["episode_cycle_p50_ms"] < TARGET_CYCLE_P50_MS)
     results["meets_target"] = all(w["meets_target"] for w in results["warm"])
 
     c = results["cold"]
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         h = results["humaneval"]
         print(f"HumanEval: {h['canonical_passed']}/{h['problems']} canonical passed, {h['broken_failed']}/"
               f"{h['problems']} broken failed, {h['wall_s']:.0f} s ({h['grades_per_s']:.2f} grades/s)")
-    print(f"targets (>= {TARGET_RATE:.0f} exec/s and p50 < {TARGET_P50_MS:.0f} ms): "
+    print(f"targets (>= {TARGET_RATE:.0f} exec/s, p50 < {TARGET_P50_MS:.0f} ms, cycle p50 < "
+          f"{TARGET_CYCLE_P50_MS:.0f} ms): "
           + ", ".join(f"size {w['size']} {'met' if w['meets_target'] else 'NOT met'}" for w in results["warm"]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
