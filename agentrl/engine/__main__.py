@@ -1,4 +1,8 @@
-"""``python -m agentrl.engine --model DIR --port N``: serve a local HF causal LM with SGLang's native API."""
+"""``python -m agentrl.engine --model DIR --port N``: serve a local HF causal LM with SGLang's native API.
+
+Control routes need the secret in ``$AGENTRL_ENGINE_SECRET`` (or ``--api-key``, which every local user
+can read from the command line); without one they are disabled.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,16 @@ import argparse
 import os
 import sys
 
+from agentrl.engine.auth import SECRET_ENV
+from agentrl.engine.launch import non_loopback_warning
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agentrl.engine", description=__doc__)
     p.add_argument("--model", "--model-path", dest="model", required=True, help="local HF model directory")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; others warn)")
+    p.add_argument("--api-key", default=None,
+                   help="the control routes' secret (prefer $AGENTRL_ENGINE_SECRET: a flag is visible to ps)")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
@@ -30,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     # fail fast, before the slow torch/transformers imports, on a path that cannot be a model
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         parser.error(f"--model {args.model!r} is not a local model directory (no config.json)")
+    # Taken out of the environment, so nothing this engine spawns inherits it.
+    secret = args.api_key or os.environ.pop(SECRET_ENV, None) or None
+    warning = non_loopback_warning(args.host)
+    if warning:
+        print(f"agentrl engine: {warning}", file=sys.stderr, flush=True)
     import uvicorn
 
     if args.num_threads:
@@ -53,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_memory_saver=args.enable_memory_saver,
     )
     engine = Engine(config)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(create_app(engine, secret=secret), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 
 

@@ -1,8 +1,10 @@
 """Start and stop ``python -m agentrl.engine`` as a child process tied to this one (see
-:mod:`agentrl.engine.process`), its log in a file."""
+:mod:`agentrl.engine.process`), its log in a file, the run's secret in its environment and its CPU
+thread count set."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -14,7 +16,11 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from agentrl.engine.auth import SECRET_ENV, run_secret
 from agentrl.engine.process import log_file, signal_group, start_tied_process, stop_process_group
+
+# Thread-pool sizes torch's CPU kernels (OpenMP, MKL) read at import: set before the child imports torch.
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -34,6 +40,32 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (``localhost`` or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def non_loopback_warning(host: str) -> str | None:
+    """A warning for a server about to bind ``host`` where other machines can reach it, else ``None``."""
+    if is_loopback(host):
+        return None
+    return (f"binding {host}: other machines can reach this server; its control routes are guarded only "
+            f"by the run's secret, sent in clear HTTP")
+
+
+def threads_per_engine(num_engines: int, cpus: int | None = None) -> int:
+    """CPU threads for each of ``num_engines`` engines sharing ``cpus`` cores (default: the cores this
+    process may run on), at least 1. Oversubscribed torch thread pools spin against each other: two
+    engines on two cores with torch's default threads served 10-20x fewer requests than one engine."""
+    total = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    return max(1, total // max(1, num_engines))
+
+
 class EngineStartError(RuntimeError):
     """The engine process exited or did not become healthy in time (the message holds its log tail)."""
 
@@ -42,7 +74,8 @@ class EngineProcess:
     """One embedded engine server process; it dies with the process that started it, even by SIGKILL.
 
     Its stdout and stderr go to :attr:`log_path`: ``log_path`` if given, else ``log_dir/engine-<port>.log``,
-    else a fresh temp file.
+    else a fresh temp file. ``secret`` (default: :func:`~agentrl.engine.auth.run_secret`) guards its
+    control routes; ``threads`` sets its torch, OpenMP and MKL thread counts (default: torch's choice).
 
     >>> with EngineProcess(model_dir) as eng:   # starts and waits for /health
     ...     requests.post(eng.url + "/generate", json=...)
@@ -59,9 +92,15 @@ class EngineProcess:
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
         log_dir: str | Path | None = None,
+        secret: str | None = None,
+        threads: int | None = None,
     ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self.model_dir = str(model_dir)
         self.host = host
+        self.secret = secret or run_secret()
+        self.threads = threads
         self.port = port if port is not None else free_port(host)
         self.dtype = dtype
         self.extra_args = list(extra_args)
@@ -82,15 +121,22 @@ class EngineProcess:
         return self.proc.pid if self.proc is not None else None
 
     def command(self) -> list[str]:
+        threads = ["--num-threads", str(self.threads)] if self.threads is not None else []
         return [
             sys.executable, "-m", "agentrl.engine", "--model", self.model_dir, "--host", self.host,
-            "--port", str(self.port), "--dtype", self.dtype, *self.extra_args,
+            "--port", str(self.port), "--dtype", self.dtype, *threads, *self.extra_args,
         ]
 
+    def child_env(self) -> dict[str, str]:
+        """The child's environment: ours, the thread counts, then ``env``, then the secret."""
+        threads = {k: str(self.threads) for k in _THREAD_ENV} if self.threads is not None else {}
+        return {**os.environ, **threads, **(self.env or {}), SECRET_ENV: self.secret}
+
     def start(self) -> EngineProcess:
+        """Start the process (again, on the same port, if it exited); does not wait for health."""
         if self.alive:
             return self
-        self.proc = start_tied_process(self.command(), log_path=self.log_path, env={**os.environ, **(self.env or {})})
+        self.proc = start_tied_process(self.command(), log_path=self.log_path, env=self.child_env())
         return self
 
     def log_tail(self, n_chars: int = 4000) -> str:

@@ -1,7 +1,12 @@
 """FastAPI app speaking SGLang's native HTTP API (0.5.23) over an :class:`~agentrl.engine.engine.Engine`.
 
-Errors are ``{"error": {"message": ...}}`` with a 4xx status (400 bad input, 409 out-of-order weights,
-501 unsupported, 503 memory released); the engine keeps serving after any of them.
+Errors are ``{"error": {"message": ...}}`` with a 4xx status (400 bad input, 401 no or wrong secret,
+409 out-of-order weights, 501 unsupported, 503 memory released); the engine keeps serving after any of them.
+
+Weight-update and control routes (everything that changes weights, memory, pausing, the cache or other
+clients' requests) require ``Authorization: Bearer <secret>`` (:mod:`agentrl.engine.auth`); without a
+configured secret they refuse every call. Generation, health and information routes stay open: the
+router and rollout clients use them.
 
 Streaming (``"stream": true``): Server-Sent Events ``data: {...}\\n\\n`` per generated token, each chunk
 cumulative (full text, output_ids and log-probs so far, as SGLang without incremental streaming), then
@@ -13,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from agentrl.engine.auth import SECRET_ENV, secret_matches
 from agentrl.engine.protocol import BadRequest, GenerateRequest, SamplingParams
 from agentrl.engine.scheduler import Sequence
 
@@ -26,9 +33,13 @@ if TYPE_CHECKING:
 
 VERSION = "0.5.23-agentrl"
 
+# Module level: the app's closures are annotated as strings (PEP 563), which FastAPI resolves here.
+BearerToken = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
-def create_app(engine: Engine) -> FastAPI:
-    """Build the app; ``engine`` is started/stopped with the app's lifespan."""
+
+def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
+    """Build the app; ``engine`` is started/stopped with the app's lifespan. ``secret``: what control
+    routes require as a bearer token (``None``: they refuse every call)."""
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
@@ -45,7 +56,17 @@ def create_app(engine: Engine) -> FastAPI:
     def error(message: str, status: int = 400) -> JSONResponse:
         if 400 <= status < 500:
             engine.metrics.bad_requests.inc()
-        return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"error": {"message": message, "code": status}}, status_code=status, headers=headers)
+
+    async def require_secret(credentials: BearerToken) -> None:
+        if secret is None:
+            raise BadRequest(f"control routes are disabled: this engine was started without a secret "
+                             f"(set {SECRET_ENV})", 401)
+        if credentials is None or not secret_matches(credentials.credentials, secret):
+            raise BadRequest("this route needs the run's secret as 'Authorization: Bearer <secret>'", 401)
+
+    control = APIRouter(dependencies=[Depends(require_secret)])
 
     @app.exception_handler(BadRequest)
     async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
@@ -222,6 +243,8 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info():
+        import torch
+
         cfg = engine.config
         runner = engine.runner
         return {
@@ -232,6 +255,7 @@ def create_app(engine: Engine) -> FastAPI:
             "port": cfg.port,
             "dtype": cfg.dtype,
             "device": str(runner.device),
+            "cpu_threads": torch.get_num_threads(),
             "tp_size": 1,
             "dp_size": 1,
             "pp_size": 1,
@@ -278,12 +302,12 @@ def create_app(engine: Engine) -> FastAPI:
         return await run_blocking(engine.checksum)
 
     # ---- control ------------------------------------------------------------------------------
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @control.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         await run_blocking(engine.flush_cache)
         return Response("Cache flushed.\n", status_code=200)
 
-    @app.post("/abort_request")
+    @control.post("/abort_request")
     async def abort_request(request: Request):
         body = await read_json(request)
         rid, abort_all = body.get("rid"), bool(body.get("abort_all", False))
@@ -292,7 +316,7 @@ def create_app(engine: Engine) -> FastAPI:
         n = engine.scheduler.abort(rid, abort_all=abort_all)
         return {"success": True, "num_aborted": n}
 
-    @app.post("/pause_generation")
+    @control.post("/pause_generation")
     async def pause_generation(request: Request):
         body = await read_json(request, optional=True)
         mode = body.get("mode", "abort")
@@ -301,12 +325,12 @@ def create_app(engine: Engine) -> FastAPI:
         await run_blocking(engine.scheduler.pause, mode)
         return {"success": True, "message": f"Generation paused ({mode})."}
 
-    @app.post("/continue_generation")
+    @control.post("/continue_generation")
     async def continue_generation(request: Request):
         await run_blocking(engine.scheduler.resume)
         return {"success": True, "message": "Generation continued."}
 
-    @app.post("/update_weight_version")
+    @control.post("/update_weight_version")
     async def update_weight_version(request: Request):
         body = await read_json(request)
         version = body.get("new_version", body.get("weight_version"))
@@ -319,7 +343,8 @@ def create_app(engine: Engine) -> FastAPI:
 
     from agentrl.engine.weight_routes import add_weight_routes
 
-    add_weight_routes(app, engine, read_json=read_json, error=error)
+    add_weight_routes(control, engine, read_json=read_json, error=error)
+    app.include_router(control)  # after every control route is declared: include_router copies them
     return app
 
 

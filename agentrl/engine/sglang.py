@@ -153,6 +153,7 @@ class SGLangServerConfig:
     mem_fraction_static: float | None = None
     enable_memory_saver: bool = False  # needed for release/resume_memory_occupation (colocated trainer)
     weight_version: str | None = None
+    api_key: str | None = None  # SGLang's own guard: every route but /health* and /metrics needs it
     passthrough: list[str] = field(default_factory=list)  # raw --sglang-* tokens
 
 
@@ -177,6 +178,9 @@ def sglang_launch_command(config: SGLangServerConfig, python: str = sys.executab
         add("--enable-memory-saver")
     if config.weight_version is not None:
         add("--weight-version", config.weight_version)
+    if config.api_key is not None:
+        # SGLang takes its key only as a flag (visible to local users in ps), unlike our engine
+        add("--api-key", config.api_key)
     return cmd + passthrough
 
 
@@ -184,7 +188,8 @@ class SGLangProcess(EngineProcess):
     """A real SGLang server process with :class:`EngineProcess`'s API (start, wait_healthy, stop, log_path, ...).
 
     Like an embedded engine it dies with the process that started it; SGLang's own scheduler and detokenizer
-    children die with it (SGLang's ``kill_itself_when_parent_died`` ties them the same way).
+    children die with it (SGLang's ``kill_itself_when_parent_died`` ties them the same way). ``secret``
+    becomes SGLang's ``--api-key``; the router presents it to the worker (see :mod:`agentrl.rollout.router`).
     """
 
     def __init__(
@@ -201,13 +206,14 @@ class SGLangProcess(EngineProcess):
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
         log_dir: str | Path | None = None,
+        secret: str | None = None,
     ) -> None:
         super().__init__(model_dir, port=port, host=host, dtype=dtype or "auto", env=env, log_path=log_path,
-                         log_dir=log_dir)
+                         log_dir=log_dir, secret=secret)
         self.config = SGLangServerConfig(
             model_path=str(model_dir), host=host, port=self.port, dtype=dtype, tp_size=tp_size,
             mem_fraction_static=mem_fraction_static, enable_memory_saver=enable_memory_saver,
-            passthrough=list(sglang_args),
+            api_key=self.secret, passthrough=list(sglang_args),
         )
         to_sglang_flags(self.config.passthrough)  # fail early on owned flags
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.engine import WeightUpdateError
@@ -34,7 +34,8 @@ def _fail(error, message: str, status: int = 400):
     return JSONResponse(body, status_code=status)
 
 
-def add_weight_routes(app: FastAPI, engine: Engine, *, read_json, error) -> None:
+def add_weight_routes(app: APIRouter, engine: Engine, *, read_json, error) -> None:
+    """Declare the weight and memory routes on ``app`` (the app's secret-guarded control router)."""
     def prepare(body: dict[str, Any]) -> None:
         if body.get("abort_all_requests"):
             engine.scheduler.abort(abort_all=True, message="Abort by weight update")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine.auth import run_secret
 from agentrl.envs import Environment, load_function
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.trajectory import Sample
@@ -32,11 +33,18 @@ class RolloutManager:
 
     With ``log_dir`` every engine and the router log to ``log_dir/engine-<port>.log`` and
     ``log_dir/router-<port>.log``; without it, to temp files.
+
+    ``secret`` (default :func:`~agentrl.engine.auth.run_secret`: ``$AGENTRL_ENGINE_SECRET``, or a fresh
+    one stored there) guards the engines' and the router's control routes; :attr:`secret` is what a weight
+    sync must present. A dead engine leaves the router within seconds (:class:`~agentrl.rollout.router.
+    EngineWatch`) and, with ``restart_dead_engines``, is started again. Embedded engines split ``cpus``
+    (default: the cores this process may use) evenly between their torch thread pools.
     """
 
     def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
                  settings: RolloutSettings | None = None, *, dtype: str = "float32",
-                 log_dir: str | Path | None = None) -> None:
+                 log_dir: str | Path | None = None, secret: str | None = None,
+                 restart_dead_engines: bool = False, cpus: int | None = None) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.engine.protocol import context_length_of
@@ -47,6 +55,10 @@ class RolloutManager:
         self.settings = settings or RolloutSettings()
         self.log_dir = log_dir
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
+        self.secret = secret or run_secret()
+        self.restart_dead_engines = restart_dead_engines
+        self.cpus = cpus
+        self.watch: Any = None
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = ChatRenderer(tokenizer)
         self.max_context_tokens = context_length_of(self.model_dir)
@@ -57,19 +69,23 @@ class RolloutManager:
     # -- processes -----------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> RolloutManager:
-        from agentrl.rollout.router import SmgRouter
+        from agentrl.rollout.router import EngineWatch, SmgRouter
 
         s = self.settings
         if s.engine == "embedded":
-            from agentrl.engine.launch import EngineProcess
+            from agentrl.engine.launch import EngineProcess, threads_per_engine
+
+            threads = threads_per_engine(s.num_engines, self.cpus)
 
             def make() -> Any:
-                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args, log_dir=self.log_dir)
+                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args, log_dir=self.log_dir,
+                                     secret=self.secret, threads=threads)
         elif s.engine == "sglang":
             from agentrl.engine.sglang import SGLangProcess
 
             def make() -> Any:
-                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args, log_dir=self.log_dir)
+                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args, log_dir=self.log_dir,
+                                     secret=self.secret)
         else:
             raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
         try:
@@ -78,7 +94,9 @@ class RolloutManager:
                 engine.start()
             for engine in self.engines:
                 engine.wait_healthy(timeout)
-            self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir).start(timeout)
+            self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir,
+                                    secret=self.secret).start(timeout)
+            self.watch = EngineWatch(self.router, self.engines, restart=self.restart_dead_engines).start()
         except BaseException:
             self.shutdown()
             raise
@@ -97,6 +115,9 @@ class RolloutManager:
     def shutdown(self) -> None:
         """Stop the router and every engine this manager started."""
         self._client = None
+        if self.watch is not None:  # first, so it does not restart engines being stopped
+            self.watch.stop()
+            self.watch = None
         if self.router is not None:
             self.router.stop()
             self.router = None

@@ -6,6 +6,14 @@ router that runs is the one installed next to agentrl). Session affinity comes o
 --assignment-mode min_group`` a new key goes to the worker holding the fewest keys and then stays there.
 
 Control calls are rare and synchronous, so they use the standard library (no event loop needed).
+
+Secret: the router's control plane (``/workers``, the RL fan-out) requires the run's secret
+(:mod:`agentrl.engine.auth`) as ``Authorization: Bearer``, and every worker is registered with it as its
+``api_key``, which smg presents on each call to that worker, so fan-out calls pass the engines' guard;
+``/generate`` and ``/health`` stay open. The key reaches smg in its environment, never on its command
+line. smg probes each worker's ``/health`` every second and marks it unhealthy after three failures
+(its defaults, a minute apart, kept a dead engine ready for minutes); :class:`EngineWatch` removes a dead
+engine from the router at once and can restart it.
 """
 
 from __future__ import annotations
@@ -17,19 +25,38 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentrl.engine.auth import SECRET_ENV, auth_headers, run_secret
 from agentrl.engine.launch import free_port, free_ports
 from agentrl.engine.process import log_file, start_tied_process, stop_process_group
 from agentrl.engine.weight_loading import RL_FANOUT_SELECTOR as ALL_WORKERS  # smg's every-worker selector
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from agentrl.engine.launch import EngineProcess
+
 _log = logging.getLogger(__name__)
+
+# Runs ``python -m smg <args>`` with the control-plane key taken from the environment, so it never shows
+# in the process's command line (``/proc/<pid>/cmdline`` is readable by every local user).
+_SMG_WITH_KEY = (
+    "import os, runpy, sys; "
+    f"key = os.environ.pop({SECRET_ENV!r}); "
+    "sys.argv = ['smg', *sys.argv[1:], '--control-plane-api-keys=agentrl:agentrl:admin:' + key]; "
+    "runpy.run_module('smg', run_name='__main__', alter_sys=True)"
+)
+# Worker health probing (smg's defaults: every 60 s, 3 failures): a dead engine leaves within ~3 s.
+HEALTH_ARGS = ("--health-check-interval-secs", "1", "--health-failure-threshold", "3",
+               "--health-check-timeout-secs", "5", "--health-success-threshold", "1")
 
 # Loopback control calls must never go through an http_proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -78,6 +105,8 @@ class SmgRouter:
 
     The router dies with the process that started it, even by SIGKILL. Its output goes to :attr:`log_path`:
     ``log_dir/router-<port>.log`` (kept) when ``log_dir`` is given, else a temp file deleted by :meth:`stop`.
+    ``secret`` (default :func:`~agentrl.engine.auth.run_secret`) guards its control plane and is what it
+    presents to workers (see module doc).
 
     >>> with SmgRouter(["http://127.0.0.1:30001"]) as router:   # doctest: +SKIP
     ...     router.add_worker("http://127.0.0.1:30002")
@@ -98,8 +127,10 @@ class SmgRouter:
         shutdown_grace_s: float = 2.0,
         env: dict[str, str] | None = None,
         log_dir: str | Path | None = None,
+        secret: str | None = None,
     ) -> None:
         self.host = host
+        self.secret = secret or run_secret()
         self._auto_port = port is None  # a port we picked may be taken by a racing process: pick again
         self.port, self._metrics_port = (port, free_port(host)) if port else free_ports(2, host)
         if self._metrics_port == self.port:
@@ -131,10 +162,9 @@ class SmgRouter:
         return None if self._proc is None else self._proc.pid
 
     def command(self) -> list[str]:
-        """The exact ``smg launch`` command line this router runs."""
-        cmd = [sys.executable, "-m", "smg", "launch", "--host", self.host, "--port", str(self.port)]
-        if self.worker_urls:
-            cmd += ["--worker-urls", *self.worker_urls]
+        """The exact ``smg launch`` command line this router runs (its key comes from the environment; the
+        initial workers are registered by :meth:`start`, each with the key)."""
+        cmd = [sys.executable, "-c", _SMG_WITH_KEY, "launch", "--host", self.host, "--port", str(self.port)]
         cmd += ["--policy", self.policy]
         if self.policy == "manual" and self.assignment_mode:
             cmd += ["--assignment-mode", self.assignment_mode]
@@ -142,7 +172,7 @@ class SmgRouter:
         cmd += ["--log-level", self.log_level, "--prometheus-host", self.host,
                 "--prometheus-port", str(self._metrics_port),
                 # Without this the default 180 s grace keeps a stopped router alive for minutes.
-                "--shutdown-grace-period-secs", str(max(1, int(self.shutdown_grace_s)))]
+                "--shutdown-grace-period-secs", str(max(1, int(self.shutdown_grace_s))), *HEALTH_ARGS]
         if self.enable_rl:
             cmd.append("--enable-rl")
         return cmd + list(self.extra_args)
@@ -166,9 +196,15 @@ class SmgRouter:
 
     def _start_once(self, timeout: float) -> SmgRouter:
         self.log_path = log_file(self.log_dir, f"router-{self.port}.log")
-        self._proc = start_tied_process(self.command(), log_path=self.log_path, env={**os.environ, **(self.env or {})})
+        env = {**os.environ, **(self.env or {}), SECRET_ENV: self.secret}
+        self._proc = start_tied_process(self.command(), log_path=self.log_path, env=env)
         try:
             self.wait_healthy(timeout)
+            deadline = time.monotonic() + timeout
+            for url in self.worker_urls:
+                self._register(url)
+            for url in self.worker_urls:  # registrations proceed in the background, together
+                self._wait_worker_ready(url, deadline)
         except BaseException:
             self.stop()
             raise
@@ -188,8 +224,6 @@ class SmgRouter:
             time.sleep(0.1)
         if not self.alive:  # the 200 came from whatever else holds the port, and smg died on it
             raise RouterError(f"smg exited while starting:\n{self.log_tail()}")
-        for url in self.worker_urls:
-            self._wait_worker_ready(url, deadline)
 
     def log_tail(self, n_chars: int = 4000) -> str:
         if self.log_path is None:
@@ -234,8 +268,7 @@ class SmgRouter:
     def add_worker(self, url: str, timeout: float = 60.0) -> str:
         """Register an engine and wait until the router routes to it; returns the worker id."""
         url = _normalise_url(url)
-        answer = self._json("POST", "/workers", {"url": url})
-        worker_id = str(answer.get("worker_id", ""))
+        worker_id = self._register(url)
         try:
             self._wait_worker_ready(url, time.monotonic() + timeout)
         except RouterError:
@@ -244,6 +277,18 @@ class SmgRouter:
                 self._json("DELETE", f"/workers/{worker_id}")
             raise
         return worker_id
+
+    def deregister(self, url: str) -> bool:
+        """Tell the router to drop the worker at ``url`` (it stops routing to it at once; smg then drains
+        it); ``False`` if no such worker is registered. Does not wait for it to be gone."""
+        worker_id = self.worker_id(url)
+        if worker_id is not None:
+            self._json("DELETE", f"/workers/{worker_id}")
+        return worker_id is not None
+
+    def _register(self, url: str) -> str:
+        answer = self._json("POST", "/workers", {"url": _normalise_url(url), "api_key": self.secret})
+        return str(answer.get("worker_id", ""))
 
     def remove_worker(self, url: str, timeout: float = 30.0) -> None:
         """Deregister an engine (its pinned sessions move to the others) and wait until it is gone."""
@@ -335,7 +380,9 @@ class SmgRouter:
 
     def _request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"content-type": "application/json"} if data is not None else {}
+        headers = auth_headers(self.secret)
+        if data is not None:
+            headers["content-type"] = "application/json"
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with _OPENER.open(req, timeout=timeout) as resp:
@@ -351,3 +398,103 @@ def _decode(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+class EngineWatch:
+    """A thread that takes dead engines out of ``router`` within seconds, and restarts them if asked.
+
+    Every ``interval`` s it checks each engine's process and ``GET /health``; an engine whose process
+    exited, or that failed ``failures`` probes in a row, is deregistered (its sessions fail over to the
+    others). With ``restart`` it is then started again on its port and re-registered once healthy; it
+    serves its start-up weights (and reports their ``weight_version``) until the next weight sync. Start
+    it from a thread that lives as long as the engines should: restarted engines are tied to it.
+    ``on_event(url, what)`` hears ``"removed"``, ``"restarted"`` and ``"restart failed: ..."`` (logged as
+    warnings when it is not given).
+    """
+
+    def __init__(self, router: SmgRouter, engines: Sequence[EngineProcess], *, restart: bool = False,
+                 interval: float = 1.0, failures: int = 3, probe_timeout: float = 2.0,
+                 startup_timeout: float = 300.0, on_event: Callable[[str, str], None] | None = None) -> None:
+        self.router = router
+        self.engines = list(engines)
+        self.restart = restart
+        self.interval = interval
+        self.failures = failures
+        self.probe_timeout = probe_timeout
+        self.startup_timeout = startup_timeout
+        self.on_event = on_event
+        self.removed: set[str] = set()  # urls taken out and (not yet) back
+        self._misses: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EngineWatch:
+        self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + self.probe_timeout + 5)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for engine in self.engines:
+                if self._stop.is_set():
+                    return
+                try:
+                    self.check(engine)
+                except Exception:  # the watch must outlive any one failure
+                    _log.exception("engine watch: checking %s failed", engine.url)
+
+    def check(self, engine: EngineProcess) -> None:
+        """One probe of ``engine``; deregisters (and restarts) it if it is dead."""
+        if engine.url in self.removed and not self.restart:
+            return
+        if engine.alive and self._healthy(engine.url):
+            self._misses[engine.url] = 0
+            return
+        self._misses[engine.url] = misses = self._misses.get(engine.url, 0) + 1
+        if engine.alive and misses < self.failures:
+            return
+        if engine.url not in self.removed:
+            self._deregister(engine.url)
+        if self.restart:
+            self._restart(engine)
+
+    def _healthy(self, url: str) -> bool:
+        try:
+            with _OPENER.open(url + "/health", timeout=self.probe_timeout) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def _deregister(self, url: str) -> None:
+        self.removed.add(url)
+        self.router.deregister(url)
+        self._emit(url, "removed")
+
+    def _restart(self, engine: EngineProcess) -> None:
+        engine.stop()
+        try:
+            engine.start().wait_healthy(self.startup_timeout)
+            # smg drains a deleted worker before forgetting it; re-adding its url sooner is refused
+            deadline = time.monotonic() + 60
+            while self.router.worker_id(engine.url) is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            self.router.add_worker(engine.url)
+        except Exception as exc:
+            engine.stop()
+            self._emit(engine.url, f"restart failed: {type(exc).__name__}: {exc}")
+            return
+        self.removed.discard(engine.url)
+        self._misses[engine.url] = 0
+        self._emit(engine.url, "restarted")
+
+    def _emit(self, url: str, what: str) -> None:
+        if self.on_event is not None:
+            self.on_event(url, what)
+        else:
+            _log.warning("engine %s: %s", url, what)

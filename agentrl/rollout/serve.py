@@ -3,8 +3,14 @@
     agentrl serve --model DIR --engines 2 --port 30000 [--dtype float32] [--host 127.0.0.1]
 
 Prints the router URL on stdout once the router and every engine are healthy, then serves until
-SIGINT or SIGTERM. An engine that dies while serving is reported on stderr and left to the router's
-fail-over; the command exits with status 1 if the router itself dies.
+SIGINT or SIGTERM. An engine that dies while serving is taken out of the router within seconds and
+reported on stderr (and started again with ``--restart-dead-engines``); the command exits with status 1
+if the router itself dies. Every child dies with this process, even when it is SIGKILLed.
+
+``/generate`` is open; weight-update and control routes of the engines and the router need
+``Authorization: Bearer $AGENTRL_ENGINE_SECRET`` (set it to choose the secret; unset, a random one is
+used and control calls from outside are impossible). Each engine gets ``--cpus`` (default: the cores
+this process may use) divided by ``--engines`` torch threads.
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="local HF model directory (config.json + weights)")
     p.add_argument("--engines", type=int, default=1, help="number of embedded engine processes (default 1)")
     p.add_argument("--port", type=int, default=30000, help="router port (default 30000)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address of the router and the engines")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address of the router and the engines (default loopback; others warn)")
+    p.add_argument("--cpus", type=int, default=None,
+                   help="CPU cores the engines share (default: those this process may run on)")
+    p.add_argument("--restart-dead-engines", action="store_true", help="start a dead engine again")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--engine-args", default="", help="extra engine flags, one shell-quoted string")
     p.add_argument("--router-args", default="", help="extra `smg launch` flags, one shell-quoted string")
@@ -47,6 +57,8 @@ def model_and_port_problem(model_dir: str, port: int) -> str | None:
 def _check_args(args: argparse.Namespace) -> str | None:
     if args.engines < 1:
         return f"--engines must be >= 1, got {args.engines}"
+    if args.cpus is not None and args.cpus < 1:
+        return f"--cpus must be >= 1, got {args.cpus}"
     return model_and_port_problem(args.model, args.port)
 
 
@@ -57,9 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentrl serve: {problem}", file=sys.stderr)
         return 2
 
-    from agentrl.engine.launch import EngineProcess, EngineStartError
-    from agentrl.rollout.router import SmgRouter
+    from agentrl.engine.auth import run_secret
+    from agentrl.engine.launch import (
+        EngineProcess,
+        EngineStartError,
+        non_loopback_warning,
+        threads_per_engine,
+    )
+    from agentrl.rollout.router import EngineWatch, SmgRouter
 
+    warning = non_loopback_warning(args.host)
+    if warning:
+        print(f"agentrl serve: warning: {warning}", file=sys.stderr, flush=True)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -67,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     model_dir = str(Path(args.model).resolve())
-    engines = [EngineProcess(model_dir, host=args.host, dtype=args.dtype,
-                             extra_args=shlex.split(args.engine_args)) for _ in range(args.engines)]
+    secret = run_secret()
+    threads = threads_per_engine(args.engines, args.cpus)
+    engines = [EngineProcess(model_dir, host=args.host, dtype=args.dtype, extra_args=shlex.split(args.engine_args),
+                             secret=secret, threads=threads) for _ in range(args.engines)]
     router: SmgRouter | None = None
+    watch: EngineWatch | None = None
     try:
         for engine in engines:  # all start at once; loading overlaps
             engine.start()
@@ -89,21 +113,22 @@ def main(argv: list[str] | None = None) -> int:
             if stop.is_set():
                 return 130
         router = SmgRouter([e.url for e in engines], host=args.host, port=args.port,
-                           extra_args=shlex.split(args.router_args))
+                           extra_args=shlex.split(args.router_args), secret=secret)
         router.start(timeout=max(10.0, deadline - time.monotonic()))
         print(router.url, flush=True)
-        print(f"agentrl serve: router {router.url} -> engines {', '.join(e.url for e in engines)}; "
-              "Ctrl-C stops all", file=sys.stderr, flush=True)
-        reported: set[str] = set()
+        print(f"agentrl serve: router {router.url} -> engines {', '.join(e.url for e in engines)} "
+              f"({threads} thread(s) each); Ctrl-C stops all", file=sys.stderr, flush=True)
+
+        def report(url: str, what: str) -> None:
+            print(f"agentrl serve: engine {url}: {what}", file=sys.stderr, flush=True)
+
+        # Runs in this (main) thread's lifetime: engines it restarts are tied to its thread, which lives
+        # until the finally clause below.
+        watch = EngineWatch(router, engines, restart=args.restart_dead_engines, on_event=report).start()
         while not stop.wait(0.5):
             if not router.alive:
                 print(f"agentrl serve: router exited:\n{router.log_tail(2000)}", file=sys.stderr)
                 return 1
-            for engine in engines:
-                if not engine.alive and engine.url not in reported:
-                    reported.add(engine.url)
-                    print(f"agentrl serve: engine {engine.url} exited; the router fails its sessions over",
-                          file=sys.stderr, flush=True)
         return 0
     except Exception as exc:  # startup failed: say why, then clean up below
         print(f"agentrl serve: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -111,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # Ignore further Ctrl-C while children are being stopped, so none is left behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if watch is not None:
+            watch.stop()
         if router is not None:
             router.stop()
         for engine in engines:

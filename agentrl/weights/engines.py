@@ -11,10 +11,15 @@ against the real binary: any POST path is forwarded, 4xx answers come back per w
 per-engine bodies (``/init_weights_update_group`` ranks), calls to a subset of engines (fallbacks) and
 ``GET`` reads (``/server_info``) still go to the engines directly, so ``urls`` must still list them. An
 engine the router does not report counts as unreachable (it never saw the update).
+
+Every call presents the run's secret (``Authorization: Bearer``, :mod:`agentrl.engine.auth`), which the
+engines' weight routes and the router's control plane require: ``secret=`` or, by default,
+``$AGENTRL_ENGINE_SECRET`` (set in every process that started engines, and by the run in its workers).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.engine.auth import SECRET_ENV, auth_headers
 from agentrl.engine.weight_loading import RL_FANOUT_SELECTOR
 
 
@@ -49,14 +55,17 @@ class CallResult:
 
 
 class EngineClient:
-    """Blocking JSON calls to a fixed set of engine base URLs."""
+    """Blocking JSON calls to a fixed set of engine base URLs, presenting ``secret`` (default
+    ``$AGENTRL_ENGINE_SECRET``)."""
 
-    def __init__(self, urls: Sequence[str], *, timeout: float = 600.0, router_url: str | None = None) -> None:
+    def __init__(self, urls: Sequence[str], *, timeout: float = 600.0, router_url: str | None = None,
+                 secret: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
         self.router_url = router_url.rstrip("/") if router_url else None
-        self._http = httpx.Client(timeout=timeout)
+        secret = secret if secret is not None else os.environ.get(SECRET_ENV)
+        self._http = httpx.Client(timeout=timeout, headers=auth_headers(secret))
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="weight-sync")
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentrl.engine.auth import auth_headers, run_secret
 from agentrl.engine.launch import free_port
 
 
@@ -37,8 +38,9 @@ class ServerThread:
         from agentrl.engine.server import create_app
 
         self.port = free_port()
+        self.secret = run_secret()  # the test process's, as EngineProcess uses
         self.engine = Engine(EngineConfig(model_path=str(model_dir), port=self.port, **config))
-        app = create_app(self.engine)
+        app = create_app(self.engine, secret=self.secret)
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         )
@@ -67,6 +69,14 @@ def server(tiny_model):
 
 @pytest.fixture()
 def client(server):
+    """An HTTP client of ``server`` that presents the run's secret (the engine's own processes do)."""
+    with httpx.Client(base_url=server.url, timeout=60, headers=auth_headers(server.secret)) as c:
+        yield c
+
+
+@pytest.fixture()
+def anonymous(server):
+    """An HTTP client of ``server`` without the secret: any local process."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
 

@@ -1,54 +1,27 @@
-"""The real smg router accepts the embedded engine as a worker and routes /generate to it unchanged."""
+"""The real smg router (as :class:`~agentrl.rollout.router.SmgRouter` runs it) accepts the embedded engine
+as a worker, routes /generate to it unchanged and fans control calls out with the run's secret."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import time
 
 import httpx
 import pytest
 
-from agentrl.engine.launch import free_port
+from agentrl.engine.auth import auth_headers
+from agentrl.rollout.router import SmgRouter
 
 pytestmark = pytest.mark.skipif(shutil.which("smg") is None, reason="smg binary not installed")
 
 
 @pytest.fixture(scope="module")
-def router(server, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("smg") / "smg.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            ["smg", "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", server.url,
-             "--policy", "manual", "--assignment-mode", "min_group", "--log-level", "warn",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--enable-rl",
-             "--shutdown-grace-period-secs", "1"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                workers = httpx.get(url + "/workers", timeout=2).json().get("workers", [])
-                if workers and all(w.get("is_healthy", True) for w in workers):
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            assert time.monotonic() < deadline, "smg did not register the engine:\n" + log.read_text()
-            time.sleep(0.2)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+def router(server):
+    with SmgRouter([server.url], secret=server.secret) as r:
+        yield r.url
 
 
 def test_worker_is_registered_with_its_local_model_path(router, server, tiny_model):
-    (worker,) = httpx.get(router + "/workers").json()["workers"]
+    (worker,) = httpx.get(router + "/workers", headers=auth_headers(server.secret)).json()["workers"]
     assert worker["url"] == server.url
     assert worker["labels"]["model_path"] == str(tiny_model)
     assert worker["labels"]["weight_version"] == server.engine.weight_version
@@ -80,14 +53,31 @@ def test_stream_through_smg(router):
 def test_rl_fanout_reaches_the_engine(router, server):
     """smg --enable-rl: /v1/rl/engine/<path>?selector=<label selector> fans out to matching workers."""
     fan = {"selector": "worker_type=regular"}  # every regular worker
-    r = httpx.post(router + "/v1/rl/engine/pause_generation", params=fan, json={"mode": "in_place"}, timeout=30)
+    auth = auth_headers(server.secret)
+    r = httpx.post(router + "/v1/rl/engine/pause_generation", params=fan, json={"mode": "in_place"}, timeout=30,
+                   headers=auth)
     assert r.status_code == 200 and r.json()["succeeded"] == 1, r.text
     assert server.engine.scheduler.paused
     r = httpx.post(router + "/v1/rl/engine/update_weight_version", params=fan,
-                   json={"new_version": "via-router", "abort_all_requests": False}, timeout=30)
+                   json={"new_version": "via-router", "abort_all_requests": False}, timeout=30, headers=auth)
     assert r.status_code == 200 and r.json()["succeeded"] == 1, r.text
-    r = httpx.post(router + "/v1/rl/engine/continue_generation", params=fan, json={}, timeout=30)
+    r = httpx.post(router + "/v1/rl/engine/continue_generation", params=fan, json={}, timeout=30, headers=auth)
     assert r.status_code == 200 and not server.engine.scheduler.paused
     out = httpx.post(router + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}},
                      headers={"X-SMG-Routing-Key": "s3"}, timeout=60).json()
     assert out["meta_info"]["weight_version"] == "via-router"
+
+
+def test_router_control_plane_needs_the_secret(router, server):
+    """Without the secret a local client can neither list or add workers nor fan out (pause, pickle...)."""
+    fan = {"selector": "worker_type=regular"}
+    for method, path, body in [("GET", "/workers", None), ("POST", "/workers", {"url": "http://127.0.0.1:9"}),
+                               ("POST", "/v1/rl/engine/pause_generation", {})]:
+        for headers in ({}, auth_headers("wrong")):
+            r = httpx.request(method, router + path, params=fan, json=body, headers=headers, timeout=30)
+            assert r.status_code == 401, (path, r.text)
+    assert not server.engine.scheduler.paused
+    # /generate stays open: clients and the gateway need no secret
+    r = httpx.post(router + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}},
+                   timeout=60)
+    assert r.status_code == 200, r.text

@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 
+from agentrl.engine.auth import auth_headers
 from agentrl.engine.weight_loading import update_weights_from_tensor_body, weights_checksum
 
 PROMPT = [1, 30, 31, 32, 33]
@@ -186,7 +187,7 @@ def test_update_from_distributed_gloo_with_the_test_process_as_rank_0(tiny_model
     port = free_port()
     eng = EngineProcess(tiny_model).start()
     eng.wait_healthy(timeout=180)  # generous: CI machines may be busy
-    with eng, httpx.Client(base_url=eng.url, timeout=120) as client:
+    with eng, httpx.Client(base_url=eng.url, timeout=120, headers=auth_headers(eng.secret)) as client:
         replies: dict[str, httpx.Response] = {}
 
         def call(key: str, path: str, body: dict) -> threading.Thread:

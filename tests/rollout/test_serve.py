@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import queue
 import signal
 import socket
@@ -11,14 +14,42 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
-from rollout_helpers import REPO, http_json
+from rollout_helpers import REPO
 
+from agentrl.engine.auth import SECRET_ENV, auth_headers
 from agentrl.rollout.client import RolloutClient
 from agentrl.rollout.router import free_port
 from agentrl.rollout.serve import main as serve_main
 
 pytestmark = pytest.mark.timeout(300)
+
+
+SECRET = "serve-test-secret"
+
+
+def _workers(url: str) -> list[dict]:
+    import urllib.request
+
+    req = urllib.request.Request(url + "/workers", headers=auth_headers(SECRET))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as resp:
+        return json.loads(resp.read())["workers"]
+
+
+def _serve(model_dir, port: int, *extra: str) -> tuple[subprocess.Popen, queue.Queue[str], queue.Queue[str]]:
+    """``agentrl serve`` in its own session with a known secret; its stdout and stderr lines."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "serve", "--model", str(model_dir), "--engines", "2",
+         "--port", str(port), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, SECRET_ENV: SECRET})
+    out: queue.Queue[str] = queue.Queue()
+    err: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: [err.put(line) for line in proc.stderr], daemon=True).start()
+    return proc, out, err
 
 
 def _listening(port: int) -> bool:
@@ -47,16 +78,11 @@ def test_bad_arguments_exit_2_with_a_clear_message(argv, message, tmp_path, caps
 @pytest.mark.slow
 def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_dir):
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "serve", "--model", str(tiny_model_dir), "--engines", "2",
-         "--port", str(port)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    proc, lines, _ = _serve(tiny_model_dir, port)
     try:
         url = lines.get(timeout=240).strip()
         assert url == f"http://127.0.0.1:{port}"
-        workers = http_json(url + "/workers")["workers"]
+        workers = _workers(url)
         engine_ports = [int(w["url"].rsplit(":", 1)[1]) for w in workers]
         assert len(engine_ports) == 2 and all(w["status"] == "ready" for w in workers)
 
@@ -91,3 +117,51 @@ def test_engine_that_cannot_load_the_model_fails_serve_cleanly(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "EngineStartError" in err and "exited" in err
     assert not _listening(port)  # the router was never started
+
+
+@pytest.mark.slow
+def test_kill_9_of_serve_leaves_nothing_serving(tiny_model_dir):
+    port = free_port()
+    proc, lines, err = _serve(tiny_model_dir, port)
+    try:
+        url = lines.get(timeout=240).strip()
+        engine_ports = [int(w["url"].rsplit(":", 1)[1]) for w in _workers(url)]
+        assert len(engine_ports) == 2
+        proc.kill()  # SIGKILL: no handler, no finally clause runs
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_listening(p) for p in [port, *engine_ports]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_listening(p) for p in [port, *engine_ports])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_serve_takes_a_dead_engine_out_and_restarts_it(tiny_model_dir):
+    port = free_port()
+    proc, lines, err = _serve(tiny_model_dir, port, "--restart-dead-engines")
+    try:
+        url = lines.get(timeout=240).strip()
+        victim = _workers(url)[0]["url"]
+        port_arg = victim.rsplit(":", 1)[1]
+        (engine,) = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if "agentrl.engine" in c.cmdline() and port_arg in c.cmdline()]
+        engine.kill()
+        seen: list[str] = []
+        deadline = time.monotonic() + 200
+        while not any(f"{victim}: restarted" in line for line in seen) and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                seen.append(err.get(timeout=1))
+        assert any(f"{victim}: removed" in line for line in seen), seen
+        assert any(f"{victim}: restarted" in line for line in seen), seen
+        assert victim in {w["url"] for w in _workers(url) if w["status"] == "ready" and w["is_healthy"]}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 import torch
-from weights_sync_helpers import Trainer, assert_engines_equal, corrupt, engine_checksum
+from weights_sync_helpers import Trainer, assert_engines_equal, control_post, corrupt, engine_checksum
 
 from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.engines import CallResult
@@ -90,7 +89,7 @@ def test_out_of_order_delta_over_the_group_is_refused_and_replaced(engine_urls, 
     with RecordingDeltaSync(engine_urls, transport="broadcast") as sync:
         trainer.step()
         sync.sync(trainer.named_tensors(), "border-1")
-        httpx.post(engine_urls[0] + "/update_weight_version", json={"new_version": "elsewhere"}, timeout=30)
+        control_post(engine_urls[0] + "/update_weight_version", {"new_version": "elsewhere"})
         trainer.step()
         report = sync.sync(trainer.named_tensors(), "border-2")
         assert report.details["rejected_engines"] == [engine_urls[0]]
@@ -113,7 +112,7 @@ def test_out_of_order_delta_over_the_group_is_refused_and_replaced(engine_urls, 
 )
 def test_bad_distributed_delta_calls_are_refused_before_any_broadcast(engine_urls, body, needle) -> None:
     before = engine_checksum(engine_urls[0])
-    r = httpx.post(engine_urls[0] + "/update_weights_from_delta_distributed", json=body, timeout=30)
+    r = control_post(engine_urls[0] + "/update_weights_from_delta_distributed", body)
     assert r.status_code == 400 and needle in r.text
     assert engine_checksum(engine_urls[0]) == before
 

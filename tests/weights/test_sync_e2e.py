@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 import torch
-from weights_sync_helpers import CorruptingDeltaSync, Trainer, assert_engines_equal, engine_checksum, generate
+from weights_sync_helpers import (
+    CorruptingDeltaSync,
+    Trainer,
+    assert_engines_equal,
+    control_post,
+    engine_checksum,
+    generate,
+)
 
 from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.sync import WeightSyncError, make_sync
@@ -67,7 +73,7 @@ def test_out_of_order_delta_falls_back_for_that_engine_only(engine_urls, trainer
         trainer.step()
         sync.sync(trainer.named_tensors(), "ooo-1")
         # Someone else moved engine 0 to another version: the next delta's base no longer matches it.
-        httpx.post(engine_urls[0] + "/update_weight_version", json={"new_version": "elsewhere"}, timeout=30)
+        control_post(engine_urls[0] + "/update_weight_version", {"new_version": "elsewhere"})
         trainer.step()
         report = sync.sync(trainer.named_tensors(), "ooo-2")
         assert report.details["full_sync_engines"] == [engine_urls[0]]

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import torch
 
+from agentrl.engine.auth import auth_headers, run_secret
 from agentrl.engine.weight_loading import weights_checksum
 from agentrl.weights.delta_sync import DeltaSync
 from agentrl.weights.engines import CallResult
@@ -52,6 +53,11 @@ def engine_checksum(url: str) -> dict:
     response = httpx.get(url + "/weights_checksum", timeout=60)
     response.raise_for_status()
     return response.json()
+
+
+def control_post(url: str, body: dict) -> httpx.Response:
+    """POST to an engine's control route with the run's secret, as agentrl's own processes do."""
+    return httpx.post(url, json=body, timeout=30, headers=auth_headers(run_secret()))
 
 
 def assert_engines_equal(urls: list[str], trainer: Trainer, version: str) -> None:
