@@ -18,6 +18,12 @@ average. ``cpu_capacity_req_per_s`` = 2 cores / (client + router + stub CPU per 
 otherwise idle cores could sustain for that configuration.
 
     python benchmarks/client_bench.py [--requests 3000] [--out benchmarks/results/client_bench.json]
+
+``--serve``: instead, ``agentrl serve --engines N`` on the tiny model (real engines behind smg) under
+``--serve-requests`` requests at ``--serve-concurrency``, for each setup of ``--serve-setups``
+(``N`` engines, or ``N:CPUS`` to give them CPUS cores to split: ``2:4`` reproduces torch's default of
+one thread per core in each engine), each repeated and interleaved so drifting machine load hits every
+setup alike; writes ``benchmarks/results/serve_engines.json``.
 """
 
 from __future__ import annotations
@@ -146,6 +152,80 @@ def _wait_ok(url: str, timeout: float = 20.0) -> None:
             time.sleep(0.05)
 
 
+def _serve_once(model_dir: Path, engines: int, cpus: int | None, args: argparse.Namespace) -> dict:
+    port = free_port()
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", str(model_dir), "--engines", str(engines),
+           "--port", str(port)] + (["--cpus", str(cpus)] if cpus else [])
+    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        url = proc.stdout.readline().strip()  # printed once every engine and the router are healthy
+        if not url:
+            raise RuntimeError(f"agentrl serve exited with {proc.wait()}")
+        params = {"max_new_tokens": args.serve_new_tokens, "ignore_eos": True}
+
+        async def run() -> dict:
+            async with RolloutClient(url, max_connections=max(args.serve_concurrency, 100)) as client:
+
+                async def send(i: int) -> None:
+                    res = await client.generate(PROMPT, params, session_id=f"s{i % 512}")
+                    assert len(res.turn.output_ids) == args.serve_new_tokens
+
+                return await _drive(send, args.serve_requests, args.serve_concurrency)
+
+        return asyncio.run(run())
+    finally:
+        proc.send_signal(2)  # Ctrl-C: serve stops its engines and router
+        proc.wait(timeout=60)
+
+
+def serve_bench(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from agentrl.engine.launch import threads_per_engine
+    from agentrl.models.tiny import make_tiny_model
+
+    setups = [(int(a), int(b) if b else None) for a, _, b in (s.partition(":") for s in args.serve_setups)]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_tiny_model(Path(tmp) / "model", seed=0)
+        for rep in range(args.serve_repeats):
+            for engines, cpus in setups if rep % 2 == 0 else setups[::-1]:
+                result = _serve_once(model_dir, engines, cpus, args)
+                row = {"engines": engines, "cpus": cpus or len(os.sched_getaffinity(0)),
+                       "threads_per_engine": threads_per_engine(engines, cpus), "repeat": rep, **result,
+                       "load_avg_1m": round(os.getloadavg()[0], 2)}
+                rows.append(row)
+                print(f"  {row}", file=sys.stderr)
+    summary = []
+    for engines, cpus in setups:
+        mine = [r for r in rows if r["engines"] == engines and r["cpus"] == (cpus or len(os.sched_getaffinity(0)))]
+        rates = sorted(r["req_per_s"] for r in mine)
+        summary.append({"engines": engines, "cpus": mine[0]["cpus"], "threads_per_engine": mine[0]["threads_per_engine"],
+                        "req_per_s_min": rates[0], "req_per_s_median": statistics.median(rates),
+                        "req_per_s_max": rates[-1], "p50_ms_median": statistics.median(r["p50_ms"] for r in mine)})
+    print("| engines | cores | threads/engine | req/s (min / median / max) | p50 ms (median) |")
+    print("|---|---|---|---|---|")
+    for r in summary:
+        print(f"| {r['engines']} | {r['cpus']} | {r['threads_per_engine']} | {r['req_per_s_min']:.0f} / "
+              f"{r['req_per_s_median']:.0f} / {r['req_per_s_max']:.0f} | {r['p50_ms_median']:.1f} |")
+    out = Path(args.out if args.out != str(DEFAULT_OUT) else REPO / "benchmarks" / "results" / "serve_engines.json")
+    out.write_text(json.dumps({
+        "benchmark": "serve_engines",
+        "description": (f"agentrl serve --engines N on the tiny model: {args.serve_requests} requests "
+                        f"({len(PROMPT)} prompt ids, {args.serve_new_tokens} new tokens) at concurrency "
+                        f"{args.serve_concurrency} through smg with RolloutClient"),
+        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+                    "python": platform.python_version()},
+        "summary": summary, "rows": rows,
+    }, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "client_bench.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per cell at concurrency >= 32")
@@ -156,8 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
     parser.add_argument("--router-args", default="", help="extra `smg launch` flags, one shell-quoted string")
     parser.add_argument("--paths", nargs="+", default=["direct", "smg"], choices=["direct", "smg"])
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "client_bench.json"))
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--serve", action="store_true", help="benchmark `agentrl serve` engines instead")
+    parser.add_argument("--serve-setups", nargs="+", default=["1", "2", "2:4"])
+    parser.add_argument("--serve-requests", type=int, default=300)
+    parser.add_argument("--serve-concurrency", type=int, default=64)
+    parser.add_argument("--serve-new-tokens", type=int, default=1)
+    parser.add_argument("--serve-repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.serve:
+        return serve_bench(args)
 
     port = free_port()
     stub = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "stub_engine.py"), "--port", str(port)],
