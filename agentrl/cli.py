@@ -12,6 +12,7 @@ import sys
 # name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentrl.run.cli:main", "run GRPO end to end (rollout, Megatron training, weight sync)"),
+    "export": ("agentrl.run.export:main", "a run's checkpoint as a HF model dir (safetensors, config, tokenizer)"),
     "rollout": ("agentrl.rollout.commands:rollout_main", "rollout only: run episodes and save Samples as JSONL"),
     "eval": ("agentrl.rollout.commands:eval_main", "held-out accuracy of a model directory on an environment"),
     "serve": ("agentrl.rollout.serve:main", "embedded engines behind the smg router in one command"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from agentrl.envs.formats import ToolCall
@@ -49,6 +49,8 @@ class Environment:
     # A pydantic model of one task: when the run reads tasks from data files, every row is validated
     # against it before training starts (a wrong type names the file and row), and ``reset`` gets its dump.
     task_model: ClassVar[type[Any] | None] = None
+    # Weights of the named components ``reward()`` may return (a component not listed weighs 1).
+    reward_weights: ClassVar[Mapping[str, float]] = {}
 
     # Per-episode state, as class-level defaults so a subclass ``__init__`` need not call super().
     # The loop sets ``task`` and ``messages`` (the live history) right after ``reset``.

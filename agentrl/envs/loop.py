@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from agentrl.envs.environment import Environment, ToolCallError, maybe_await
 from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
 from agentrl.envs.render import ChatRenderer
+from agentrl.envs.rewards import combine_reward
 from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
-from agentrl.trajectory.sample import check_reward
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class EpisodeMetrics:
     tool_errors: int = 0
     ill_formed_turns: int = 0  # replies with at least one malformed call (bad JSON, unknown tool, bad args)
     reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)  # when reward() names its parts
     stop_reason: StopReason | None = None  # set once the episode ends
     finish_reasons: dict[str, int] = field(default_factory=dict)
     drift: dict[str, int] = field(default_factory=dict)  # record_turn outcomes: new/clean/realigned/forked/...
@@ -58,6 +59,11 @@ class EpisodeMetrics:
     seconds: float = 0.0
     error: str | None = None
     error_type: str | None = None  # the exception's class, e.g. NonFiniteRewardError (rollout/failure_reasons)
+
+
+def _component_means(parts: list[dict[str, float]]) -> dict[str, float]:
+    names = sorted({k for p in parts for k in p})
+    return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in names}
 
 
 @dataclass
@@ -104,6 +110,8 @@ class RolloutResult:
             "episodes": len(episodes),
             "samples": len(self.samples),
             "reward_mean": sum(scored) / max(len(scored), 1),
+            "reward_components": _component_means([e.metrics.reward_components for e in episodes
+                                                   if e.metrics.error is None]),
             "turns_mean": turns / n,
             "tool_calls_mean": sum(e.metrics.tool_calls for e in episodes) / n,
             "ill_formed_turn_rate": sum(e.metrics.ill_formed_turns for e in episodes) / max(turns, 1),
@@ -192,16 +200,16 @@ async def run_episode(
                 metrics.stop_reason = StopReason.ABORT
                 break
             messages.extend(answers)
-        reward = float(await maybe_await(env.reward()))
         # NaN or inf would poison every weight it reaches: the episode fails (no Sample), even with no turn.
-        check_reward(reward)
+        reward, metrics.reward_components = combine_reward(await maybe_await(env.reward()), env.reward_weights)
         metrics.reward = reward
         if metrics.stop_reason == StopReason.NO_TOOL_CALL and last_finish == "length":
             metrics.stop_reason = StopReason.LENGTH  # the final reply was cut off, not finished
         samples = [] if metrics.turns == 0 else manager.get_trajectory(  # zero turns: nothing to train
             session_id, reward=reward, group_id=group_id or session_id, stop_reason=metrics.stop_reason,
             extra_metadata={"episode_turns": metrics.turns, "tool_calls": metrics.tool_calls,
-                            "ill_formed_turns": metrics.ill_formed_turns},
+                            "ill_formed_turns": metrics.ill_formed_turns,
+                            "reward_components": metrics.reward_components},
         )
         metrics.samples = len(samples)
     except BaseException:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 import urllib.parse
@@ -33,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from agentrl.engine.auth import SECRET_ENV, auth_headers
 from agentrl.rollout.router import ALL_WORKERS
 from agentrl.trajectory import TurnRecord
 
@@ -273,7 +275,8 @@ class RolloutClient:
         smg's RL control plane to every engine (aborting an unknown rid is a no-op there).
         """
         body = json.dumps({"rid": rid}).encode()
-        headers = {"Content-Type": "application/json"}
+        # abort is a control route: it needs the run's engine secret (agentrl.engine.auth)
+        headers = {"Content-Type": "application/json", **auth_headers(os.environ.get(SECRET_ENV))}
         if session_id:
             headers[ROUTING_KEY_HEADER] = session_id
         paths = ["/abort_request", _FANOUT_ABORT_PATH]

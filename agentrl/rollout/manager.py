@@ -37,26 +37,25 @@ class RolloutManager:
     ``secret`` (default :func:`~agentrl.engine.auth.run_secret`: ``$AGENTRL_ENGINE_SECRET``, or a fresh
     one stored there) guards the engines' and the router's control routes; :attr:`secret` is what a weight
     sync must present. A dead engine leaves the router within seconds (:class:`~agentrl.rollout.router.
-    EngineWatch`) and, with ``restart_dead_engines``, is started again. Embedded engines split ``cpus``
+    EngineWatch`) and, with ``settings.restart_dead_engines``, is started again. Embedded engines split ``cpus``
     (default: the cores this process may use) evenly between their torch thread pools.
     """
 
     def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
                  settings: RolloutSettings | None = None, *, dtype: str = "float32",
                  log_dir: str | Path | None = None, secret: str | None = None,
-                 restart_dead_engines: bool = False, cpus: int | None = None) -> None:
+                 cpus: int | None = None) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.engine.protocol import context_length_of
         from agentrl.envs.render import ChatRenderer
 
         self.model_dir = str(model_dir)
-        self.env_factory = env_factory
         self.settings = settings or RolloutSettings()
+        self.env_factory = self._configured(env_factory)
         self.log_dir = log_dir
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
         self.secret = secret or run_secret()
-        self.restart_dead_engines = restart_dead_engines
         self.cpus = cpus
         self.watch: Any = None
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -65,6 +64,20 @@ class RolloutManager:
         self.engines: list[Any] = []
         self.router: Any = None
         self._client: Any = None
+
+    def _configured(self, env_factory: Callable[[], Environment]) -> Callable[[], Environment]:
+        """``env_factory`` with the settings' reward weights and remote reward applied to each env."""
+        from agentrl.rollout.remote_reward import RemoteReward, with_remote_reward
+
+        s = self.settings
+
+        def make() -> Environment:
+            env = env_factory()
+            if s.reward_weights:
+                env.reward_weights = dict(s.reward_weights)
+            return env
+
+        return with_remote_reward(make, RemoteReward(s.remote_reward)) if s.remote_reward else make
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -96,7 +109,7 @@ class RolloutManager:
                 engine.wait_healthy(timeout)
             self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir,
                                     secret=self.secret).start(timeout)
-            self.watch = EngineWatch(self.router, self.engines, restart=self.restart_dead_engines).start()
+            self.watch = EngineWatch(self.router, self.engines, restart=self.settings.restart_dead_engines).start()
         except BaseException:
             self.shutdown()
             raise

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from agentrl.rollout.remote_reward import RemoteRewardSettings
 from agentrl.settings import FunctionPath, Settings
 
 
@@ -23,6 +24,10 @@ class RolloutSettings(Settings):
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature; the trainer's log-probs use it too")
     max_new_tokens: int = Field(48, ge=1, description="cap on generated tokens per turn")
     concurrency: int = Field(64, ge=1, description="episodes in flight at once")
+    reward_weights: dict[str, float] = Field(default_factory=dict,
+                                             description="weights of named reward components (unlisted: 1)")
+    remote_reward: RemoteRewardSettings | None = Field(None, description="an HTTP endpoint scoring each episode")
+    restart_dead_engines: bool = Field(False, description="restart an engine that died (it is always removed from the router)")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
     rollout_function: FunctionPath | None = Field(None, description="module:function replacing the agent loop (same signature)")
 

@@ -41,6 +41,7 @@ class TrainerRank:
         from agentrl.trainer.trainer_config import TrainerConfig
 
         self.rank = rank
+        self.model_dir = model_dir
         self.trainer = MegatronTrainer(model_dir, TrainerConfig.model_validate(trainer_config),
                                        temperature=temperature)
         self._sync: Any = None
@@ -71,6 +72,17 @@ class TrainerRank:
             mode, urls, options = self._sync_target
             self._sync = make_sync(mode, urls, **options)
         return self._sync.sync(named, weight_version).to_json()
+
+    def export_hf(self, out_dir: str) -> str | None:
+        """Write the current policy as a HF model dir (weights + the model dir's config and tokenizer)."""
+        from agentrl.weights.convert import save_hf_checkpoint
+
+        named = self.trainer.export_hf_named_tensors()
+        if self.rank != 0:
+            for _ in named:
+                pass
+            return None
+        return str(save_hf_checkpoint(named, self.model_dir, out_dir))
 
     def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> str:
         return str(self.trainer.save_checkpoint(directory, extra_state))

@@ -63,9 +63,9 @@ class CheckpointDir:
         latest = self.latest()
         return int(latest.name.removeprefix("step-")) if latest is not None else None
 
-    def mark_latest(self, step: int) -> None:
+    def mark_latest(self, step: int, *, protect: int | None = None) -> None:
         """Point ``latest`` at ``step`` atomically (a crash mid-save leaves the old pointer), then delete
-        all but the newest ``keep`` checkpoints."""
+        all but the newest ``keep`` checkpoints and the ``protect`` one (the best so far)."""
         tmp = self.root / "latest.tmp"
         tmp.write_text(self.path(step).name)
         tmp.replace(self.root / "latest")
@@ -73,7 +73,8 @@ class CheckpointDir:
         steps = sorted((p for p in self.root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
                        key=lambda p: int(p.name[5:]))
         for old in steps[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if protect is None or old.name != self.path(protect).name:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:

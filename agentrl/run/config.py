@@ -33,6 +33,7 @@ class ModelSection(Settings):
 class EvalSection(Settings):
     every: int = Field(5, ge=1, description="GRPO steps between held-out evaluations (and checkpoints)")
     num_tasks: int = Field(200, ge=1, description="held-out tasks, one greedy episode each")
+    best_metric: str = Field("eval_accuracy", description="higher is better: its best checkpoint is kept and exported to hf/best")
 
 
 class RunConfig(Settings):

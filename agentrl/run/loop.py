@@ -41,7 +41,8 @@ SCHEDULES: dict[str, Callable[[Run], None]] = {"sync": train_sync, "async": trai
 
 def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Path:
     """Run ``cfg`` under its schedule; returns the output directory (metrics.jsonl, reward_curve.png,
-    checkpoints/, logs/)."""
+    checkpoints/, logs/, and the final and best policies as HF dirs in hf/final, hf/best)."""
     with Run(cfg, resume=resume, overwrite=overwrite) as run:
         SCHEDULES[cfg.loop](run)
+        run.export("final")
     return run.out

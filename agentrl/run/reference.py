@@ -43,7 +43,7 @@ def _default(field: Any) -> str:
     if field.default_factory is not None:
         value = field.default_factory()
         return "(section)" if isinstance(value, BaseModel) else json.dumps(value)
-    return "" if field.default is PydanticUndefined else json.dumps(field.default)
+    return "(required)" if field.default is PydanticUndefined else json.dumps(field.default)
 
 
 def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
@@ -55,6 +55,9 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((f"{prefix}{name}", annotation))
             continue
+        optional = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if optional:  # an optional section: a row saying it is off by default, then its own fields
+            nested.append((f"{prefix}{name}", optional[0]))
         doc = (field.description or "").replace("|", "\\|")
         kind = _type(annotation).replace("|", "\\|")
         out.append(f"| `{prefix}{name}` | `{kind}` | `{_default(field)}` | {doc} |")

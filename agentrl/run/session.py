@@ -9,6 +9,7 @@ and rotation, memory release around training when colocated, and stopping every 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ class Run:
         self.rollout: Any = None
         self.trainers: list[Any] = []
         self._deadline = float("inf")
+        self.best: tuple[float, int] | None = None  # (best_metric, step)
 
     # ------------------------------------------------------------------------------------------ lifetime
 
@@ -63,8 +65,12 @@ class Run:
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.log_dir.mkdir(exist_ok=True)
         print(f"agentrl train: output in {self.out}, process logs in {self.log_dir}", flush=True)
+        from agentrl.engine.auth import SECRET_ENV, run_secret
+
+        # Every actor gets the run's engine secret: engines require it on their weight and control
+        # routes, the router on its control plane, and the trainer's weight sync sends it.
         ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", SECRET_ENV: run_secret()}})
         try:
             base = base_model_dir(cfg)
             self.rollout = remote(RolloutWorker, num_cpus=0).remote(
@@ -94,8 +100,14 @@ class Run:
             self.tasks.load_state_dict(extra.get("data", {}), self.first_step)
         self.update_weights(self.first_step)  # engines serve exactly the trainer's weights before any sample
         if not self.resume:
-            self.log.write({"step": 0, "model_dir": str(model_dir), **self.evaluate()})
+            evaluation = self.evaluate()
+            self.log.write({"step": 0, "model_dir": str(model_dir), **evaluation})
+            self._keep_if_best(0, evaluation)
             self.save(0)
+        else:
+            scored = [(r[self.cfg.eval.best_metric], r["step"]) for r in self.log.rows()
+                      if "step" in r and self.cfg.eval.best_metric in r]
+            self.best = max(scored, key=lambda b: (b[0], -b[1])) if scored else None
         self._deadline = time.monotonic() + self.cfg.max_minutes * 60
 
     def __exit__(self, *exc: object) -> None:
@@ -160,7 +172,23 @@ class Run:
                  "data": self.tasks.state_dict(step, self.cfg.rollout.prompts_per_step)}
         path = str(self.checkpoints.path(step))
         ray.get([t.save_checkpoint.remote(path, state) for t in self.trainers])
-        self.checkpoints.mark_latest(step)
+        self.checkpoints.mark_latest(step, protect=self.best[1] if self.best else None)
+
+    def export(self, name: str) -> Path:
+        """The current policy as a HF model dir, ``OUTPUT_DIR/hf/<name>``."""
+        import ray
+
+        out = self.out / "hf" / name
+        ray.get([t.export_hf.remote(str(out)) for t in self.trainers])
+        return out
+
+    def _keep_if_best(self, step: int, evaluation: dict[str, float]) -> None:
+        value = evaluation.get(self.cfg.eval.best_metric)
+        if value is not None and (self.best is None or value > self.best[0]):
+            self.best = (value, step)
+            self.export("best")
+            (self.out / "hf" / "best" / "agentrl_step.json").write_text(
+                json.dumps({"step": step, self.cfg.eval.best_metric: value}))
 
     def wait(self, batch: PendingBatch | None) -> None:
         """Block until ``batch``'s rollout finished (it then sampled only the weights it started on)."""
@@ -174,7 +202,9 @@ class Run:
         metric row. True when the run is over (step cap or time budget)."""
         last = step >= self.last_step or time.monotonic() > self._deadline
         if step % self.cfg.eval.every == 0 or last:
-            metrics.update(self.evaluate())
+            evaluation = self.evaluate()
+            metrics.update(evaluation)
+            self._keep_if_best(step, evaluation)
             self.save(step)
         self.log.write({"step": step, **metrics})
         return last

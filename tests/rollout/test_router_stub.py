@@ -192,8 +192,6 @@ def test_router_that_cannot_start_reports_its_log():
     assert "smg" in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="the router's RL fan-out needs the run's secret, which RolloutClient "
-                   "does not send yet (agentrl/rollout/client.py)")
 def test_client_abort_reaches_engine_through_router(stub_engines):
     """smg has no /abort_request route: the client falls back to the RL fan-out."""
     stubs = stub_engines(2)

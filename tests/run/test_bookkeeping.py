@@ -74,3 +74,11 @@ def test_agentrl_train_refuses_a_finished_run_dir_before_starting_anything(tmp_p
                            "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "already holds a run" in proc.stderr
     assert len(_rows(tmp_path / "metrics.jsonl")) == 11
+
+
+def test_the_best_checkpoint_is_kept_besides_the_newest(tmp_path) -> None:
+    ckpts = CheckpointDir(tmp_path, keep=2)
+    for step in (0, 5, 10, 15):
+        (tmp_path / f"step-{step}").mkdir()
+        ckpts.mark_latest(step, protect=5)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-15", "step-5"]

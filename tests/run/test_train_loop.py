@@ -48,3 +48,32 @@ def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
     assert [r["step"] for r in new] == [3] and "eval_accuracy" in new[0]  # the last step always evaluates
     assert not any("warmup_step" in r for r in new)  # the cached warm model, no second warm-up
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-3"
+
+    # The model comes out: the final and best policies as HF dirs, and `agentrl export` of a checkpoint,
+    # which loads in transformers and serves the checkpoint's own held-out accuracy.
+    import asyncio
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.cli import main as agentrl
+    from agentrl.envs.arithmetic import ArithmeticToolEnv
+    from agentrl.rollout.manager import RolloutManager
+    from agentrl.run.config import load_config
+
+    best = json.loads((out / "hf" / "best" / "agentrl_step.json").read_text())
+    scored = [r for r in resumed if "step" in r and "eval_accuracy" in r]
+    assert best["eval_accuracy"] == max(r["eval_accuracy"] for r in scored)
+    assert (out / "checkpoints" / f"step-{best['step']}").is_dir()  # kept besides the latest two
+    exported = tmp_path / "exported"
+    assert agentrl(["export", str(out / "checkpoints" / "step-3"), str(exported)]) == 0
+    got, final = load_file(str(exported / "model.safetensors")), load_file(str(out / "hf" / "final" / "model.safetensors"))
+    assert got.keys() == final.keys() and all(torch.equal(got[k], final[k]) for k in got)  # bytes of one policy
+    AutoModelForCausalLM.from_pretrained(exported)
+    cfg = load_config(config, small)
+    heldout = cfg.task_source()
+
+    with RolloutManager(exported, ArithmeticToolEnv, cfg.rollout) as manager:
+        accuracy = asyncio.run(manager.evaluate(heldout.heldout(cfg.eval.num_tasks)))["eval_accuracy"]
+    assert accuracy == new[0]["eval_accuracy"]

@@ -1,0 +1,69 @@
+"""``agentrl export CHECKPOINT OUT_DIR``: a run's Megatron checkpoint as a HF model dir (safetensors,
+config, tokenizer, chat template) that ``AutoModelForCausalLM.from_pretrained`` and ``agentrl serve`` load.
+
+The checkpoint is read in one process (a 1-rank trainer; checkpoints reshard across data-parallel sizes).
+Its run directory says which model it trained: ``config.json`` (the trainer settings) and the step-0 row
+of ``metrics.jsonl`` (the starting model dir, whose config and tokenizer the export copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+class ExportError(ValueError):
+    """The checkpoint or its run directory does not say what to export."""
+
+
+def starting_model_dir(run_dir: Path) -> Path:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        raise ExportError(f"{run_dir}: no metrics.jsonl, so the model this checkpoint trained is unknown")
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("step") == 0 and "model_dir" in row:
+            model_dir = Path(row["model_dir"])
+            if not (model_dir / "config.json").exists():
+                raise ExportError(f"the starting model {model_dir} (from {metrics}) is gone")
+            return model_dir
+    raise ExportError(f"{metrics} has no step-0 row naming the starting model dir")
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write the policy saved in ``checkpoint`` (``RUN/checkpoints/step-N``) as a HF dir at ``out_dir``."""
+    from agentrl.run.config import RunConfig
+    from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.weights.convert import save_hf_checkpoint
+
+    checkpoint = Path(checkpoint)
+    run_dir = checkpoint.resolve().parent.parent
+    if not (run_dir / "config.json").exists():
+        raise ExportError(f"{checkpoint} is not inside a run directory (no {run_dir / 'config.json'})")
+    cfg = RunConfig.model_validate_json((run_dir / "config.json").read_text())
+    model_dir = starting_model_dir(run_dir)
+    # The optimizer state is not needed for the weights; no reference model either.
+    trainer_cfg = cfg.trainer.model_copy(update={"loss": cfg.trainer.loss.model_copy(update={"kl_coef": 0.0})})
+    trainer = MegatronTrainer(model_dir, trainer_cfg, temperature=cfg.rollout.temperature)
+    trainer.load_checkpoint(checkpoint)
+    return save_hf_checkpoint(trainer.export_hf_named_tensors(), model_dir, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl export", description=__doc__)
+    parser.add_argument("checkpoint", help="RUN_DIR/checkpoints/step-N")
+    parser.add_argument("out_dir", help="where the HF model dir is written")
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir)
+    except (ValueError, FileNotFoundError) as err:  # ExportError, CheckpointError (corrupt, incomplete)
+        print(f"agentrl export: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({"hf_dir": str(out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
