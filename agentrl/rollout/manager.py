@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 class RolloutBatch:
     groups: list[list[Sample]]
     metrics: dict[str, float] = field(default_factory=dict)
+    # A few whole episodes to show a person: Sample dicts whose metadata carries the chat ("messages").
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _example(episode: Any) -> dict[str, Any]:
+    """An episode's (first) sample as a dict, with the chat and the episode's stop reason in its metadata."""
+    row = episode.samples[0].to_dict()
+    row["metadata"] = {**row["metadata"], "messages": episode.messages,
+                       "stop_reason": str(episode.metrics.stop_reason) if episode.metrics.stop_reason else None}
+    return row
 
 
 class RolloutManager:
@@ -154,11 +164,12 @@ class RolloutManager:
     # -- episodes ------------------------------------------------------------------------------
 
     async def rollout(self, tasks: Sequence[Any], samples_per_task: int, *, temperature: float | None = None,
-                      max_new_tokens: int | None = None, prove: bool = True) -> RolloutBatch:
+                      max_new_tokens: int | None = None, prove: bool = True, examples: int = 0) -> RolloutBatch:
         """Run ``samples_per_task`` episodes per task; return their GRPO groups and rollout metrics.
 
         ``prove``: re-prove every sample against its turn records and refuse what does not verify
-        (:mod:`agentrl.rollout.proof`); off only for evaluation, whose samples are never trained."""
+        (:mod:`agentrl.rollout.proof`); off only for evaluation, whose samples are never trained.
+        ``examples``: how many episodes (one per group, first groups first) to return whole as well."""
         from agentrl.envs import generate_rollout
         from agentrl.rollout.proof import RecordingTrajectoryManager, prove_groups
 
@@ -176,6 +187,8 @@ class RolloutManager:
         )
         seconds = time.perf_counter() - started
         groups = [[s for episode in group for s in episode.samples] for group in result.groups]
+        shown = [next(e for e in group if e.samples) for group in result.groups if any(e.samples for e in group)]
+        example_rows = [_example(episode) for episode in shown[:examples]]
         metrics: dict[str, float] = {}
         for key, value in result.summary().items():  # nested counts (drift, stop reasons) flatten to a/b
             if isinstance(value, dict):
@@ -191,7 +204,7 @@ class RolloutManager:
             metrics.update(proof)
             for message in refusals:
                 log.warning("refused an unproven sample: %s", message)
-        return RolloutBatch(groups=groups, metrics=metrics)
+        return RolloutBatch(groups=groups, metrics=metrics, examples=example_rows)
 
     async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
         """Greedy held-out accuracy: mean reward of one episode per task at temperature 0."""

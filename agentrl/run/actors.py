@@ -111,11 +111,12 @@ class RolloutWorker:
     def engine_urls(self) -> list[str]:
         return self.manager.engine_urls
 
-    async def rollout(self, tasks: list[Any]) -> tuple[list[Sample], dict[str, float]]:
+    async def rollout(self, tasks: list[Any], examples: int = 0,
+                      ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
         """Episodes of ``tasks`` into the buffer; returns the groups worth training (flat, whole groups
-        in order) and the rollout's metrics. Call with ``num_returns=2`` so the samples stay in Ray's
-        object store on their way to the trainer ranks."""
-        batch = await self.manager.rollout(tasks, self.settings.samples_per_prompt)
+        in order), the rollout's metrics and ``examples`` whole episodes to show. Call with
+        ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks."""
+        batch = await self.manager.rollout(tasks, self.settings.samples_per_prompt, examples=examples)
         samples = [s for g in batch.groups for s in g]
         self.buffer.add_groups(batch.groups)
         metrics = {**batch.metrics,
@@ -123,7 +124,7 @@ class RolloutWorker:
                    "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))}
         kept = self.buffer.take()
         metrics["train/groups_dropped"] = float(self.buffer.groups_dropped)
-        return kept, metrics
+        return kept, metrics, batch.examples
 
     def buffer_state(self) -> dict[str, Any]:
         return self.buffer.state_dict()

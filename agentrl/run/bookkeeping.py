@@ -11,7 +11,8 @@ from typing import Any
 
 # Metrics shown on the console per row; the file keeps every key.
 CONSOLE_KEYS = ("step", "warmup_step", "warmup_check_accuracy", "eval_accuracy", "rollout/reward_mean",
-                "train/skipped", "train/kl", "train/verify_refused", "sync/seconds")
+                "train/groups_dropped", "train/kl", "verify/refused", "rollout/tokens_per_s", "rollout/seconds",
+                "train/seconds", "sync/seconds")
 
 
 class MetricsLog:
@@ -39,10 +40,26 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k in CONSOLE_KEYS}
+        if row.get("train/skipped"):
+            shown["note"] = "this step trained nothing (no group with reward variance, or non-finite values)"
         print(json.dumps(shown), flush=True)
 
     def rows(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+class SampleLog:
+    """A few whole rollouts per step, ``samples/step-N.jsonl``: Sample dicts whose metadata holds the chat,
+    reward components, drift outcomes and stop reason (``agentrl dump FILE`` renders them)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        self.root.mkdir(exist_ok=True)
+        (self.root / f"step-{step}.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
 class CheckpointDir:
@@ -78,25 +95,43 @@ class CheckpointDir:
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Reward per step and held-out accuracy per evaluation, from the metrics JSONL."""
+    """Two panels from the metrics JSONL: reward and held-out accuracy per step, with the warm-up's real
+    evaluations left of the warm-up/GRPO boundary; and the wall time of each step, split by phase."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    steps = [(r["step"], r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r]
-    evals = [(r["step"], r["eval_accuracy"]) for r in rows if "step" in r and "eval_accuracy" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if steps:
-        ax.plot(*zip(*steps, strict=True), label="train reward (mean)", alpha=0.6)
+    steps = [r for r in rows if "step" in r]
+    warm = [r for r in rows if "warmup_step" in r and "eval_accuracy" in r and not r.get("cached")]
+    last_warm = max((r["warmup_step"] for r in warm), default=0)
+    fig, (acc, time_ax) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[3, 2])
+    rewards = [(r["step"], r["rollout/reward_mean"]) for r in steps if "rollout/reward_mean" in r]
+    evals = [(r["step"], r["eval_accuracy"]) for r in steps if "eval_accuracy" in r]
+    if rewards:
+        acc.plot(*zip(*rewards, strict=True), label="train reward (mean over episodes)", alpha=0.6)
     if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy (greedy)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
+        acc.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy (greedy)")
+    if warm:  # warm-up steps are many per GRPO step: shown on a compressed scale left of 0
+        scale = max(last_warm / 10, 1)
+        acc.plot([(r["warmup_step"] - last_warm) / scale for r in warm], [r["eval_accuracy"] for r in warm],
+                 "s--", color="grey", label=f"warm-up evaluations (1 unit = {scale:g} warm-up steps)")
+    acc.axvline(0, color="black", lw=0.8, ls=":")
+    acc.text(0, 1.02, " warm-up | GRPO", transform=acc.get_xaxis_transform(), fontsize=8)
+    acc.set_ylabel("reward / accuracy (fraction)")
+    acc.set_ylim(0, 1)
+    acc.grid(alpha=0.3)
+    acc.legend(fontsize=8, loc="upper left")
+    phases = [("rollout/seconds", "rollout"), ("train/seconds", "train"), ("sync/seconds", "weight sync")]
+    timed = [r for r in steps if all(k in r for k, _ in phases)]
+    if timed:
+        x = [r["step"] for r in timed]
+        time_ax.stackplot(x, *[[r[k] for r in timed] for k, _ in phases], labels=[n for _, n in phases], alpha=0.7)
+        time_ax.legend(fontsize=8, loc="upper left")
+    time_ax.set_xlabel("GRPO step")
+    time_ax.set_ylabel("seconds per step")
+    time_ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
@@ -119,7 +154,7 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     if held and not overwrite:
         raise RunDirError(f"{out} already holds a run ({', '.join(p.name for p in held)}); pass --resume to "
                           "continue it or --overwrite to replace it")
-    for name in ("checkpoints", "logs"):
+    for name in ("checkpoints", "logs", "samples", "hf", "tensorboard"):
         shutil.rmtree(out / name, ignore_errors=True)
     for name in ("metrics.jsonl", "reward_curve.png"):
         (out / name).unlink(missing_ok=True)

@@ -62,6 +62,7 @@ class RunConfig(Settings):
                               description="module:function group -> keep? (default: drop zero-variance groups)")
     colocate: bool = Field(False, description="release engine memory while training (needs loop sync)")
     trainer_ranks: int = Field(1, ge=1, description="Megatron ranks (Ray actors)")
+    log_samples: int = Field(4, ge=0, description="whole rollouts per step written to samples/step-N.jsonl")
     model: ModelSection = Field(default_factory=ModelSection, description="the policy model")
     warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="supervised warm-up (when expert is set)")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")

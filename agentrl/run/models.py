@@ -58,7 +58,9 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, 
         return [(expert(task), env_cls.tool_schemas()) for task in tasks]
 
     train = tasks.warmup(w.num_conversations, seed=cfg.seed + 1)
-    bar = tqdm(total=w.max_steps, desc="warm-up")
+    # No ETA: the warm-up stops on measured accuracy, usually long before the step cap.
+    bar = tqdm(total=w.max_steps, desc="warm-up",
+               bar_format="{desc}: step {n_fmt} (cap {total_fmt}) [{elapsed}, {rate_fmt}{postfix}]")
 
     def evaluate(path: Path) -> float:
         ray.get(rollout.load_from_disk.remote(str(path), f"warmup-{bar.n}"))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, claim_output_dir, plot_curves
+from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, SampleLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
 
 
@@ -27,6 +27,7 @@ class PendingBatch:
     step: int
     samples: Any
     metrics: Any
+    examples: Any
 
 
 class Run:
@@ -41,6 +42,7 @@ class Run:
         self.checkpoints = CheckpointDir(self.out / "checkpoints")
         self.resume = resume
         self.log_dir = self.out / "logs"
+        self.sample_log = SampleLog(self.out / "samples")
         self.tasks = cfg.task_source()  # a user's data is read and every row checked here, before Ray
         self.heldout = self.tasks.heldout(cfg.eval.num_tasks)
         cap = self.tasks.max_steps(cfg.rollout.prompts_per_step)
@@ -132,14 +134,15 @@ class Run:
     def generate(self, step: int) -> PendingBatch:
         """Start the rollout of ``step``'s tasks (a function of the step, so a resumed run reads on)."""
         tasks = self.tasks.train(self.cfg.rollout.prompts_per_step, step)
-        samples, metrics = self.rollout.rollout.options(num_returns=2).remote(tasks)
-        return PendingBatch(step, samples, metrics)
+        samples, metrics, examples = self.rollout.rollout.options(num_returns=3).remote(tasks, self.cfg.log_samples)
+        return PendingBatch(step, samples, metrics, examples)
 
     def train(self, batch: PendingBatch) -> dict[str, Any]:
         """One GRPO step of every trainer rank on ``batch``; returns its rollout and training metrics."""
         import ray
 
         metrics = ray.get(batch.metrics)
+        self.sample_log.write(batch.step + 1, ray.get(batch.examples))
         if self.cfg.colocate:
             ray.get(self.rollout.release_memory.remote())
         started = time.perf_counter()

@@ -56,9 +56,12 @@ def table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]
 
 
 def _require(module: str, name: str, pip: str) -> Any:
+    """``module``, imported for tracker ``name``, whose package ``name`` is installed by ``pip``."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
+        if err.name != name:
+            raise  # the package is there but one of its own imports is missing: show that
         raise ModuleNotFoundError(f"report_to {name!r} needs the {pip!r} package, which is not installed: "
                                   f"pip install '{pip}'", name=err.name) from err
 
@@ -93,17 +96,11 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-class WandbTracker:
-    """A wandb run under ``out_dir/wandb/``, offline unless ``WANDB_MODE`` says otherwise (``wandb sync``
-    uploads it later)."""
+class _RunTracker:
+    """wandb and trackio share one API: ``run.log(dict, step=)``, a ``Table(columns=, data=)``, ``finish()``."""
 
-    def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str) -> None:
-        wandb = _require("wandb", "wandb", "wandb>=0.19")
-        self.new_table = wandb.Table
-        # console="off": the run already keeps its own logs, and wandb's stdout wrapping mangles progress bars
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, config=dict(config),
-                              dir=str(out_dir), mode=os.environ.get("WANDB_MODE", "offline"), reinit="create_new",
-                              settings=wandb.Settings(console="off"))
+    run: Any
+    new_table: Any
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.run.log(numeric(metrics), step=step)
@@ -117,6 +114,19 @@ class WandbTracker:
         self.run.finish()
 
 
+class WandbTracker(_RunTracker):
+    """A wandb run under ``out_dir/wandb/``, offline unless ``WANDB_MODE`` says otherwise (``wandb sync``
+    uploads it later)."""
+
+    def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str) -> None:
+        wandb = _require("wandb", "wandb", "wandb>=0.31")
+        self.new_table = wandb.Table
+        # console="off": the run keeps its own logs; wandb would copy every console line into its run file too
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, config=dict(config),
+                              dir=str(out_dir), mode=os.environ.get("WANDB_MODE", "offline"), reinit="create_new",
+                              settings=wandb.Settings(console="off"))
+
+
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():
@@ -127,13 +137,12 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-
 class MlflowTracker:
     """An MLflow run in the sqlite store ``out_dir/mlflow.db``, artifacts under ``out_dir/mlflow-artifacts/``
-    (MLflow 3 refuses its file store); ``mlflow ui --backend-store-uri sqlite:///OUT_DIR/mlflow.db`` shows it."""
+    (MLflow 3.17 refuses a file store by default); ``mlflow ui --backend-store-uri sqlite:///OUT_DIR/mlflow.db`` shows it."""
 
     def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str) -> None:
-        mlflow = _require("mlflow", "mlflow", "mlflow>=3.0")
+        mlflow = _require("mlflow", "mlflow", "mlflow>=3.17")
         out_dir = Path(out_dir).resolve()
         self.entities = mlflow.entities
         # the client, not mlflow.set_tracking_uri: a run must not change the process-wide tracking URI
@@ -162,7 +171,7 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-class TrackioTracker:
+class TrackioTracker(_RunTracker):
     """A trackio run in the local sqlite db under ``out_dir/trackio/`` (``trackio show`` serves it).
 
     trackio reads its directory once, when first imported: ``TRACKIO_DIR`` set by the user wins, and a
@@ -170,21 +179,10 @@ class TrackioTracker:
 
     def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str) -> None:
         os.environ.setdefault("TRACKIO_DIR", str(Path(out_dir).resolve() / "trackio"))
-        trackio = _require("trackio", "trackio", "trackio>=0.20")
+        trackio = _require("trackio", "trackio", "trackio>=0.43")
         self.dir = Path(trackio.utils.TRACKIO_DIR)
         self.new_table = trackio.Table
-        self.run = trackio.init(project=PROJECT, name=run_name, config=dict(config), embed=False)
-
-    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        self.run.log(numeric(metrics), step=step)
-
-    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if rows:
-            columns, data = table(rows)
-            self.run.log({"samples": self.new_table(columns=columns, data=data)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
+        self.run = trackio.init(project=PROJECT, name=run_name, config=dict(config))
 
 
 BUILTIN: dict[str, type] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker,

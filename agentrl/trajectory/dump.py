@@ -97,11 +97,22 @@ def format_runs(s: Sample) -> list[str]:
     return lines
 
 
+def format_chat(messages: list[dict]) -> list[str]:
+    """The episode's messages as a person reads them: role, then the text (tool calls and results as sent)."""
+    lines = []
+    for m in messages:
+        name = f" ({m['name']})" if m.get("name") else ""
+        lines.append(f"  [{m.get('role', '?')}{name}]")
+        lines += [f"    {line}" for line in str(m.get("content", "")).splitlines() or [""]]
+    return lines + ([""] if lines else [])
+
+
 def format_sample(
     index: int, s: Sample, decode: Decoder | None = None, max_tokens: int = 0, runs: bool = False
 ) -> str:
-    """The readable dump of one sample."""
+    """The readable dump of one sample (and its chat, when its metadata carries one: ``samples/`` files)."""
     lines = _header(index, s)
+    lines += format_chat(s.metadata.get("messages") or [])
     lines += format_runs(s)
     if runs:
         return "\n".join(lines)

@@ -144,7 +144,7 @@ def test_unknown_missing_or_wrong_tracker_is_a_clear_error(tmp_path, monkeypatch
     with pytest.raises(PluginError, match="unknown tracker 'neptune'"):
         make_trackers(["neptune"], tmp_path, CONFIG, "r")
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    with pytest.raises(ModuleNotFoundError, match=r"report_to 'wandb' needs the 'wandb>=0.19' package"):
+    with pytest.raises(ModuleNotFoundError, match=r"report_to 'wandb' needs the 'wandb>=0.31' package"):
         make_trackers(["wandb"], tmp_path, CONFIG, "r")
     with pytest.raises(TypeError, match="has no log_metrics"):
         make_trackers(["types:SimpleNamespace"], tmp_path, CONFIG, "r")

@@ -77,3 +77,15 @@ def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
     with RolloutManager(exported, ArithmeticToolEnv, cfg.rollout) as manager:
         accuracy = asyncio.run(manager.evaluate(heldout.heldout(cfg.eval.num_tasks)))["eval_accuracy"]
     assert accuracy == new[0]["eval_accuracy"]
+
+    # A few whole rollouts per step, readable with `agentrl dump`.
+    import subprocess
+    import sys
+
+    step_file = out / "samples" / "step-1.jsonl"
+    shown = [json.loads(line) for line in step_file.read_text().splitlines()]
+    assert 1 <= len(shown) <= 4 and all(r["metadata"]["messages"][0]["role"] in ("system", "user") for r in shown)
+    assert all("reward_components" in r["metadata"] and r["metadata"]["stop_reason"] for r in shown)
+    dumped = subprocess.run([sys.executable, "-m", "agentrl.cli", "dump", str(step_file), "--runs"],
+                            capture_output=True, text=True, timeout=60)
+    assert dumped.returncode == 0 and "[user]" in dumped.stdout and "[assistant]" in dumped.stdout
