@@ -8,6 +8,7 @@ needs the packages of the trackers it asks for.
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 import numbers
@@ -85,7 +86,9 @@ class TensorBoardTracker:
         columns, data = table(rows)
 
         def md(v: Any) -> str:
-            return "" if v is None else str(v).replace("|", "\\|").replace("\n", "<br>")
+            # rollout text is full of <tool_call>, <|im_start|>, * and _: shown as written, one cell a value
+            text = re.sub(r"([\\`*_\[\]#|~])", r"\\\1", html.escape("" if v is None else str(v), quote=False))
+            return text.replace("\n", "<br>")
 
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(md(v) for v in row) + " |" for row in data]

@@ -16,7 +16,7 @@ from agentrl.run.tracking import TensorBoardTracker, make_trackers, numeric, tab
 
 CONFIG = {"model": "tiny", "train": {"lr": 1e-6, "steps": 3}}
 ROWS = [{"step": 2, "session": "s-0", "reward": 1.0, "text": "user: 2+2?\nassistant: 4 | done", "trained_tokens": 5},
-        {"step": 2, "session": "s-1", "reward": 0.0, "text": "assistant: 5", "tool_calls": [{"name": "calc"}]}]
+        {"step": 2, "session": "s-1", "reward": 0.0, "text": "<tool_call>calc_sum</tool_call>", "tool_calls": [{"name": "calc"}]}]
 
 
 def _metrics(step: int) -> dict:
@@ -60,6 +60,8 @@ def test_tensorboard_is_always_on_and_reads_back(tmp_path) -> None:
     assert event.step == 2
     assert text.splitlines()[0] == "| step | session | reward | text | trained_tokens | tool_calls |"
     assert "user: 2+2?<br>assistant: 4 \\| done" in text  # one table row per sample, whatever the text holds
+    assert "| &lt;tool\\_call&gt;calc\\_sum&lt;/tool\\_call&gt; |" in text  # markup is shown as written
+    assert "&lt;tool\\_call&gt;calc\\_sum" in text  # markup in the text is shown, not rendered
     assert '"lr": 1e-06' in acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
 
 
