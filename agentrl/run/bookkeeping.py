@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ class MetricsLog:
     the checkpoint, before the run stopped) are dropped, since the resumed run writes them again, and
     time keeps counting from the last kept row. Without it the log starts empty."""
 
-    def __init__(self, path: Path, *, resume_step: int | None = None) -> None:
+    def __init__(self, path: Path, *, resume_step: int | None = None, trackers: Sequence[Any] = ()) -> None:
         self.path = path
+        self.trackers = list(trackers)  # each row also goes to these (agentrl.run.tracking)
         offset = 0.0
         if resume_step is None:
             path.write_text("")
@@ -40,6 +42,12 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k in CONSOLE_KEYS}
+        for tracker in self.trackers:
+            if "step" in row:
+                tracker.log_metrics(row["step"], row)
+            elif "warmup_step" in row:  # its own series: warm-up steps are not GRPO steps
+                tracker.log_metrics(row["warmup_step"], {f"warmup/{k.removeprefix('warmup_')}": v
+                                                         for k, v in row.items() if k != "warmup_step"})
         if row.get("train/skipped"):
             shown["note"] = "this step trained nothing (no group with reward variance, or non-finite values)"
         print(json.dumps(shown), flush=True)
@@ -52,14 +60,22 @@ class SampleLog:
     """A few whole rollouts per step, ``samples/step-N.jsonl``: Sample dicts whose metadata holds the chat,
     reward components, drift outcomes and stop reason (``agentrl dump FILE`` renders them)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, trackers: Sequence[Any] = ()) -> None:
         self.root = root
+        self.trackers = list(trackers)
 
     def write(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
         self.root.mkdir(exist_ok=True)
         (self.root / f"step-{step}.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        table = [{"step": step, "session": r["session_id"], "reward": r["reward"],
+                  "reward_components": r["metadata"].get("reward_components"),
+                  "stop_reason": r["metadata"].get("stop_reason"),
+                  "text": "\n".join(f"{m.get('role')}: {m.get('content')}" for m in r["metadata"].get("messages", [])),
+                  "trained_tokens": sum(r["loss_mask"])} for r in rows]
+        for tracker in self.trackers:
+            tracker.log_samples(step, table)
 
 
 class CheckpointDir:

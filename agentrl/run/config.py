@@ -63,6 +63,8 @@ class RunConfig(Settings):
     colocate: bool = Field(False, description="release engine memory while training (needs loop sync)")
     trainer_ranks: int = Field(1, ge=1, description="Megatron ranks (Ray actors)")
     log_samples: int = Field(4, ge=0, description="whole rollouts per step written to samples/step-N.jsonl")
+    report_to: list[str] = Field(default_factory=list,
+                                 description="trackers besides TensorBoard: wandb, mlflow, trackio (offline, in the output dir) or module:Class")
     model: ModelSection = Field(default_factory=ModelSection, description="the policy model")
     warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="supervised warm-up (when expert is set)")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
@@ -75,6 +77,15 @@ class RunConfig(Settings):
         if not is_data_path(value):  # data is read (and every row checked) when the run starts, before Ray
             load_function(value)
         return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_resolve(cls, names: list[str]) -> list[str]:
+        from agentrl.run.tracking import BUILTIN
+
+        for name in names:
+            resolve(name, BUILTIN, what="tracker")
+        return names
 
     @field_validator("env")
     @classmethod

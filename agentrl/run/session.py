@@ -17,6 +17,7 @@ from typing import Any
 
 from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, SampleLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
+from agentrl.run.tracking import make_trackers
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,15 @@ class Run:
         self.checkpoints = CheckpointDir(self.out / "checkpoints")
         self.resume = resume
         self.log_dir = self.out / "logs"
-        self.sample_log = SampleLog(self.out / "samples")
         self.tasks = cfg.task_source()  # a user's data is read and every row checked here, before Ray
         self.heldout = self.tasks.heldout(cfg.eval.num_tasks)
         cap = self.tasks.max_steps(cfg.rollout.prompts_per_step)
         self.last_step = cfg.steps if cap is None else min(cfg.steps, cap)
-        self.log = MetricsLog(self.out / "metrics.jsonl",
-                              resume_step=self.checkpoints.latest_step() if resume else None)
+        resume_step = self.checkpoints.latest_step() if resume else None
+        self.trackers = make_trackers(cfg.report_to, self.out, cfg.model_dump(mode="json"), self.out.name,
+                                      resume_step=resume_step)
+        self.log = MetricsLog(self.out / "metrics.jsonl", resume_step=resume_step, trackers=self.trackers)
+        self.sample_log = SampleLog(self.out / "samples", trackers=self.trackers)
         self.first_step = 0
         self.rollout: Any = None
         self.trainers: list[Any] = []
@@ -123,6 +126,9 @@ class Run:
         finally:
             self.trainers, self.rollout = [], None
             ray.shutdown()
+            for tracker in self.trackers:
+                tracker.close()
+            self.trackers = self.log.trackers = self.sample_log.trackers = []
             if (self.out / "metrics.jsonl").exists():
                 plot_curves(self.out / "metrics.jsonl", self.out / "reward_curve.png")
 

@@ -68,11 +68,15 @@ def _require(module: str, name: str, pip: str) -> Any:
 
 
 class TensorBoardTracker:
-    """Event files under ``out_dir/tensorboard/``: a scalar per metric, the samples as a markdown table."""
+    """Event files under ``out_dir/tensorboard/``: a scalar per metric, the samples as a markdown table.
 
-    def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str) -> None:
+    ``purge_step``: a resumed run's first step; events at or after it from the stopped run are hidden, so
+    the steps it repeats are not shown twice."""
+
+    def __init__(self, *, out_dir: Path, config: Mapping[str, Any], run_name: str,
+                 purge_step: int | None = None) -> None:
         tb = _require("torch.utils.tensorboard", "tensorboard", "tensorboard>=2.16")
-        self.writer = tb.SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+        self.writer = tb.SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge_step)
         self.writer.add_text("config", f"run `{run_name}`\n\n```\n{json.dumps(config, indent=2, default=str)}\n```", 0)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -193,7 +197,7 @@ BUILTIN: dict[str, type] = {"tensorboard": TensorBoardTracker, "wandb": WandbTra
 
 
 def make_trackers(report_to: Sequence[str] | None, out_dir: Path, config: Mapping[str, Any],
-                  run_name: str) -> list[Tracker]:
+                  run_name: str, resume_step: int | None = None) -> list[Tracker]:
     """TensorBoard, then each of ``report_to`` (a built-in name or a ``"module:Class"`` path, its class
     built with keywords ``out_dir``, ``config``, ``run_name``), each once, in order.
 
@@ -204,7 +208,8 @@ def make_trackers(report_to: Sequence[str] | None, out_dir: Path, config: Mappin
     try:
         for name in names:
             cls = resolve(name, BUILTIN, what="tracker")
-            tracker = cls(out_dir=Path(out_dir), config=config, run_name=run_name)
+            resumed = {"purge_step": resume_step + 1} if cls is TensorBoardTracker and resume_step is not None else {}
+            tracker = cls(out_dir=Path(out_dir), config=config, run_name=run_name, **resumed)
             if not isinstance(tracker, Tracker):
                 raise TypeError(f"tracker {name!r} has no log_metrics / log_samples / close")
             made.append(tracker)

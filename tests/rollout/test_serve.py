@@ -96,14 +96,18 @@ def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_
 
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 10
-        while any(_listening(p) for p in [port, *engine_ports]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_listening(p) for p in [port, *engine_ports])
+        _assert_nothing_listens([port, *engine_ports])
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _assert_nothing_listens(ports: list[int], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while any(_listening(p) for p in ports) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_listening(p) for p in ports)
 
 
 @pytest.mark.slow
@@ -129,10 +133,7 @@ def test_kill_9_of_serve_leaves_nothing_serving(tiny_model_dir):
         assert len(engine_ports) == 2
         proc.kill()  # SIGKILL: no handler, no finally clause runs
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while any(_listening(p) for p in [port, *engine_ports]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_listening(p) for p in [port, *engine_ports])
+        _assert_nothing_listens([port, *engine_ports])
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -89,3 +89,13 @@ def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
     dumped = subprocess.run([sys.executable, "-m", "agentrl.cli", "dump", str(step_file), "--runs"],
                             capture_output=True, text=True, timeout=60)
     assert dumped.returncode == 0 and "[user]" in dumped.stdout and "[assistant]" in dumped.stdout
+
+    # TensorBoard events in every run: reward, accuracy and timing, each step once across the resume.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"rollout/reward_mean", "eval_accuracy", "train/seconds", "rollout/seconds", "sync/seconds"} <= tags
+    assert [e.step for e in events.Scalars("rollout/reward_mean")] == [1, 2, 3]
+    assert "samples" in events.Tags()["tensors"] or "samples/text_summary" in events.Tags()["tensors"]
