@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agentrl.plugins import resolve
 from agentrl.settings import Settings
@@ -185,10 +185,39 @@ def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Ten
     return tis_weights(old_logprobs, rollout_logprobs, clip=cfg.tis_clip, clip_low=cfg.tis_clip_low)
 
 
+def mis_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, *, low: float = 0.5, high: float = 2.0
+) -> torch.Tensor:
+    """Masked importance-sampling weights (IcePop-style, no grad): the ratio ``exp(train_old - rollout)``
+    where it lies in ``[low, high]``, 0 elsewhere — a token whose sampler disagrees too much with the
+    trainer (a stale weight version, a numerics mismatch) gets no gradient instead of a capped one."""
+    ratio = (old_logprobs - rollout_logprobs).exp()
+    inside = (ratio >= low) & (ratio <= high)
+    return torch.where(inside, ratio, torch.zeros_like(ratio)).detach()
+
+
+def masked_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """:func:`mis_weights` with the bounds of ``cfg`` (the ``importance_weights="mis"`` plug-in)."""
+    return mis_weights(old_logprobs, rollout_logprobs, low=cfg.mis_low, high=cfg.mis_high)
+
+
+def importance_ratio_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, weights: torch.Tensor,
+                             mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Over the masked tokens: the mean and max of the trainer/sampler ratio ``exp(old - rollout)``, and
+    the fraction of tokens whose weight is not their ratio (capped by ``tis``, masked out by ``mis``)."""
+    mask = mask.to(old_logprobs.dtype)
+    ratio = (old_logprobs - rollout_logprobs).exp().detach()
+    on = mask > 0
+    capped = (~torch.isclose(weights.detach(), ratio, rtol=1e-6, atol=0.0)).to(ratio.dtype)  # a plug-in's float error is no cap
+    return {"is_ratio_mean": reduce_tokens(ratio, mask),
+            "is_ratio_max": ratio[on].max() if on.any() else ratio.new_zeros(()),
+            "is_capped_frac": reduce_tokens(capped, mask)}
+
+
 # Built-in names of the two loss plug-in points; a "module:attr" path to a user's function of the same
 # signature is accepted wherever a name is.
 LOG_RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio}
-IMPORTANCE_WEIGHTS = {"tis": truncated_is_weights}
+IMPORTANCE_WEIGHTS = {"tis": truncated_is_weights, "mis": masked_is_weights}
 
 
 class LossConfig(Settings):
@@ -207,9 +236,11 @@ class LossConfig(Settings):
     kl_type: KLType = Field("low_var_kl", description="KL estimator")
     entropy_coef: float = Field(0.0, description="entropy bonus weight")
     log_ratio: str = Field("token", description="importance ratio: token, gspo, or module:attr")
-    importance_weights: str | None = Field(None, description="rollout correction: tis, None, or module:attr")
+    importance_weights: str | None = Field(None, description="rollout correction: tis (truncated), mis (masked), None, or module:attr")
     tis_clip: float = Field(2.0, description="upper cap of truncated IS weights")
     tis_clip_low: float = Field(0.0, description="lower cap of truncated IS weights")
+    mis_low: float = Field(0.5, ge=0, description="masked IS: tokens whose ratio is below this get weight 0")
+    mis_high: float = Field(2.0, gt=0, description="masked IS: tokens whose ratio is above this get weight 0")
     normalization: Normalization = Field("token_mean", description="token_mean, seq_mean or token_sum")
 
     @field_validator("log_ratio", "importance_weights")
@@ -218,6 +249,13 @@ class LossConfig(Settings):
         if value is not None:
             resolve(value, LOG_RATIOS if info.field_name == "log_ratio" else IMPORTANCE_WEIGHTS, what=f"loss.{info.field_name}")
         return value
+
+    @model_validator(mode="after")
+    def _mis_bounds(self) -> LossConfig:
+        if not self.mis_low < 1.0 < self.mis_high:
+            raise ValueError(f"masked IS keeps ratios in [mis_low, mis_high]; that range must hold 1 "
+                             f"(got [{self.mis_low}, {self.mis_high}])")
+        return self
 
 
 def policy_loss(
@@ -237,7 +275,8 @@ def policy_loss(
 
     ``advantages`` may be ``[B]`` (one per sequence, broadcast) or ``[B, T]``.
     Metrics: ``pg_loss``, ``clip_frac``, ``kl`` (if ``ref_logprobs``), ``entropy`` (if given),
-    ``train_rollout_logprob_abs_diff`` and ``tis_mean`` (if ``rollout_logprobs``), ``ratio_mean``.
+    ``train_rollout_logprob_abs_diff`` (if ``rollout_logprobs``), ``ratio_mean``; with importance weights
+    ``tis_mean`` (the mean weight) and :func:`importance_ratio_metrics`.
     ``n_tokens`` / ``n_seqs``: global denominators (see :func:`reduce_tokens`); metrics stay local means.
     """
     counts = {"n_tokens": n_tokens, "n_seqs": n_seqs}
@@ -257,6 +296,7 @@ def policy_loss(
             old_logprobs, rollout_logprobs, cfg)
         pg = pg * w
         metrics["tis_mean"] = reduce_tokens(w, mask).detach()
+        metrics.update(importance_ratio_metrics(old_logprobs, rollout_logprobs, w, mask))
     loss = reduce_tokens(pg, mask, cfg.normalization, **counts)
     metrics["pg_loss"] = loss.detach()
     metrics["clip_frac"] = reduce_tokens(clipped, mask).detach()
