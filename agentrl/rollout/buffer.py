@@ -9,11 +9,11 @@ resumed run continues where it stopped.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from agentrl.trajectory import Sample
+from agentrl.trajectory import MODEL, Sample
 
 GroupFilter = Callable[[list[Sample]], bool]
 
@@ -25,6 +25,63 @@ def has_reward_variance(group: list[Sample]) -> bool:
 
 def keep_all(group: list[Sample]) -> bool:
     return True
+
+
+def version_number(weight_version: str | None) -> int | None:
+    """A run's weight versions are the trainer step that produced them (``"0"``, ``"1"``, ...); anything
+    else (``None``, ``"warmup"``, a user's label) has no known distance to the trainer and is ``None``."""
+    if weight_version is None:
+        return None
+    try:
+        return int(weight_version)
+    except ValueError:
+        return None
+
+
+def trained_token_versions(sample: Sample) -> Counter[int | None]:
+    """How many trained tokens (loss mask 1) each weight version produced, read per token from the
+    sample's provenance (a multi-turn sample spans several versions when weights changed between turns)."""
+    counts: Counter[int | None] = Counter()
+    start = sample.response_start
+    for run in sample.provenance.runs:
+        lo, hi = max(run.start, start), run.end
+        if hi <= lo:
+            continue
+        trained = sum(sample.loss_mask[lo - start : hi - start])
+        if trained:
+            # only model tokens can be trained; a trained token of another source has no version to show
+            counts[version_number(run.weight_version) if run.source == MODEL else None] += trained
+    return counts
+
+
+def group_lag(group: list[Sample], trainer_version: int) -> int | None:
+    """The largest version lag (``trainer_version - v``) among the group's trained tokens; None when some
+    trained token's version is unknown (it cannot be shown to be fresh). 0 for a group with no trained token."""
+    lags = [0]
+    for sample in group:
+        for version in trained_token_versions(sample):
+            if version is None:
+                return None
+            lags.append(trainer_version - version)
+    return max(lags)
+
+
+def staleness_metrics(samples: Iterable[Sample], trainer_version: int) -> dict[str, float]:
+    """Version lag of every trained token against the weights being trained (``trainer_version``):
+    ``rollout/staleness_max`` and ``_mean`` (token-weighted), and ``rollout/staleness_hist/<lag>``, the
+    trained tokens at each lag (``unknown``: a version that is not a step number)."""
+    hist: Counter[int | None] = Counter()
+    for sample in samples:
+        for version, n in trained_token_versions(sample).items():
+            hist[None if version is None else trainer_version - version] += n
+    known = {lag: n for lag, n in hist.items() if lag is not None}
+    total = sum(known.values())
+    out = {"rollout/staleness_max": float(max(known, default=0)),
+           "rollout/staleness_mean": sum(lag * n for lag, n in known.items()) / total if total else 0.0}
+    out.update({f"rollout/staleness_hist/{lag}": float(n) for lag, n in sorted(known.items())})
+    if hist[None]:
+        out["rollout/staleness_hist/unknown"] = float(hist[None])
+    return out
 
 
 class DataBuffer:

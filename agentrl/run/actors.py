@@ -111,11 +111,12 @@ class RolloutWorker:
     def engine_urls(self) -> list[str]:
         return self.manager.engine_urls
 
-    async def rollout(self, tasks: list[Any], examples: int = 0,
+    async def rollout(self, tasks: list[Any], examples: int = 0, trainer_version: int | None = None,
                       ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
         """Episodes of ``tasks`` into the buffer; returns the groups worth training (flat, whole groups
         in order), the rollout's metrics and ``examples`` whole episodes to show. Call with
-        ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks."""
+        ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks.
+        ``trainer_version``: the weight version these samples will be trained on (staleness metrics)."""
         batch = await self.manager.rollout(tasks, self.settings.samples_per_prompt, examples=examples)
         samples = [s for g in batch.groups for s in g]
         self.buffer.add_groups(batch.groups)
@@ -124,7 +125,59 @@ class RolloutWorker:
                    "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))}
         kept = self.buffer.take()
         metrics["train/groups_dropped"] = float(self.buffer.groups_dropped)
+        if trainer_version is not None:
+            from agentrl.rollout.buffer import staleness_metrics
+
+            metrics.update(staleness_metrics(kept, trainer_version))
         return kept, metrics, batch.examples
+
+    # -- fully asynchronous rollout (agentrl.run.fully_async): a pool of episodes always in flight ----
+
+    async def start_pool(self, task_source: Any, first_batch: int, settings: dict[str, Any]) -> None:
+        """Start keeping episodes of ``task_source``'s batches (from ``first_batch``) in flight."""
+        from agentrl.rollout.episode_pool import EpisodePool, PoolSettings
+
+        router = self.manager.router
+
+        def engine_control(mode: str) -> None:
+            if mode:
+                router.pause(mode)
+            else:
+                router.continue_()
+
+        self.pool = EpisodePool(
+            env_factory=self.manager.env_factory, renderer=self.manager.renderer,
+            generate=self.manager.client().generate_turn, task_source=task_source,
+            settings=PoolSettings(**settings), group_filter=self.buffer._filter, policy=self.settings.policy,
+            max_context_tokens=self.manager.max_context_tokens, engine_control=engine_control,
+            first_batch=first_batch).start()
+
+    async def take_batch(self, trainer_version: int, examples: int = 0,
+                         ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
+        """The pool's next batch for the weights ``trainer_version`` (as :meth:`rollout`; ``num_returns=3``)."""
+        from agentrl.rollout.manager import _example
+
+        groups, metrics, episodes = await self.pool.take(trainer_version)
+        samples = [s for g in groups for s in g]
+        metrics.update({"rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, samples))),
+                        "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))})
+        shown = [_example(e) for e in episodes if e.samples][:examples]
+        return samples, metrics, shown
+
+    async def pause_generation(self) -> None:
+        """Before a weight update: no turn runs on the engines until :meth:`continue_generation`."""
+        await self.pool.pause()
+
+    async def continue_generation(self) -> None:
+        await self.pool.resume()
+
+    async def stop_pool(self) -> dict[str, int]:
+        """Cancel the episodes in flight; returns the pool's lifetime counts."""
+        pool, self.pool = getattr(self, "pool", None), None
+        if pool is None:
+            return {}
+        await pool.close()
+        return dict(pool.counts)
 
     def buffer_state(self) -> dict[str, Any]:
         return self.buffer.state_dict()

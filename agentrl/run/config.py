@@ -53,7 +53,16 @@ class RunConfig(Settings):
     cache_dir: str = Field(".cache/agentrl", description="built and warmed-up models, reused across runs")
     steps: int = Field(40, ge=0, description="GRPO steps")
     max_minutes: float = Field(10.0, gt=0, description="GRPO wall-time budget; the run stops after the step that passes it")
-    loop: Literal["sync", "async"] = Field("sync", description="schedule: sync, or async (one step off-policy)")
+    loop: Literal["sync", "async", "fully_async"] = Field(
+        "sync", description="schedule: sync, async (one step off-policy) or fully_async (episodes always in flight)")
+    max_staleness: int = Field(2, ge=0, description="fully_async: no trained token more than this many weight versions behind")
+    stale_groups: Literal["drop", "regenerate"] = Field(
+        "drop", description="fully_async: a group over max_staleness is dropped, or its task generated again")
+    partial_rollout: Literal["continue", "abort"] = Field(
+        "continue", description="fully_async, at a weight update: turns being generated finish on the old weights "
+                                "(continue), or are aborted and sent again on the new ones (abort); episodes go on either way")
+    dynamic_sampling: bool = Field(False, description="fully_async: keep taking groups until prompts_per_step pass group_filter")
+    max_oversample: float = Field(2.0, ge=1.0, description="dynamic_sampling: at most this x prompts_per_step groups per batch")
     sync_mode: str = Field("delta", description="weight sync payload: full, delta (or the presets disk, tensor, broadcast), or module:Class")
     sync_options: dict[str, Any] = Field(default_factory=dict,
                                          description='keyword arguments of the sender, e.g. {"transport": "disk" | "broadcast" | "tensor" | module:Class}')
@@ -108,6 +117,11 @@ class RunConfig(Settings):
     def _schedule_fits(self) -> RunConfig:
         if self.colocate and self.loop != "sync":
             raise ValueError("colocate releases the engines during training; it needs loop='sync'")
+        if self.loop == "fully_async" and self.rollout.rollout_function:
+            raise ValueError("loop='fully_async' runs its own episodes (agentrl.rollout.episode_pool); "
+                             "rollout.rollout_function works with sync and async")
+        if self.dynamic_sampling and self.loop != "fully_async":
+            raise ValueError("dynamic_sampling refills batches from the episode pool; it needs loop='fully_async'")
         return self
 
     @property

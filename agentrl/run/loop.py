@@ -3,7 +3,9 @@
 Schedules differ only in *where they wait* for the next rollout batch (as in slime): ``sync`` generates
 batch t+1 after the weights of step t reached the engines; ``async`` (one step off) starts batch t+1
 before training on batch t and lets it finish before the sync, so every batch is sampled by exactly one
-weight version and is at most one step stale. A new schedule is a new function in :data:`SCHEDULES`.
+weight version and is at most one step stale; ``fully_async`` (:mod:`agentrl.run.fully_async`) never
+waits for a batch: episodes stay in flight across weight updates, and ``max_staleness`` bounds how old a
+trained token may be. A new schedule is a new function in :data:`SCHEDULES`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.run.config import RunConfig
+from agentrl.run.fully_async import train_fully_async
 from agentrl.run.session import Run
 
 
@@ -36,7 +39,8 @@ def train_one_step_off(run: Run) -> None:
             break
 
 
-SCHEDULES: dict[str, Callable[[Run], None]] = {"sync": train_sync, "async": train_one_step_off}
+SCHEDULES: dict[str, Callable[[Run], None]] = {"sync": train_sync, "async": train_one_step_off,
+                                                "fully_async": train_fully_async}
 
 
 def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> Path:

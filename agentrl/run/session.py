@@ -140,7 +140,9 @@ class Run:
     def generate(self, step: int) -> PendingBatch:
         """Start the rollout of ``step``'s tasks (a function of the step, so a resumed run reads on)."""
         tasks = self.tasks.train(self.cfg.rollout.prompts_per_step, step)
-        samples, metrics, examples = self.rollout.rollout.options(num_returns=3).remote(tasks, self.cfg.log_samples)
+        # Trained at the weights of version ``step`` (update_weights(step) precedes the step's training).
+        samples, metrics, examples = self.rollout.rollout.options(num_returns=3).remote(
+            tasks, self.cfg.log_samples, trainer_version=step)
         return PendingBatch(step, samples, metrics, examples)
 
     def train(self, batch: PendingBatch) -> dict[str, Any]:
