@@ -17,23 +17,33 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.envs.formats.base import ParsedResponse, ToolCall, ToolCallFormat, call_from_json
+from agentrl.envs.formats.deepseek import DeepSeekV3Format
+from agentrl.envs.formats.glm import Glm45Format
+from agentrl.envs.formats.gpt_oss import GptOssFormat
 from agentrl.envs.formats.hermes import HermesFormat, Qwen3Format
+from agentrl.envs.formats.kimi import KimiK2Format
 from agentrl.envs.formats.llama3 import Llama3JsonFormat
-from agentrl.envs.formats.reasoning import ThinkParser
+from agentrl.envs.formats.mistral import MistralFormat
+from agentrl.envs.formats.qwen3_coder import Qwen3CoderFormat
+from agentrl.envs.formats.reasoning import ThinkParser, think_parser_for
 
 __all__ = [
-    "BUILTIN_FORMATS", "HermesFormat", "Llama3JsonFormat", "ParsedResponse", "Qwen3Format", "TOOL_CALL_FORMATS",
+    "BUILTIN_FORMATS", "DeepSeekV3Format", "Glm45Format", "GptOssFormat", "HermesFormat", "KimiK2Format",
+    "Llama3JsonFormat", "MistralFormat", "ParsedResponse", "Qwen3CoderFormat", "Qwen3Format", "TOOL_CALL_FORMATS",
     "ThinkParser", "ToolCall", "ToolCallFormat", "call_from_json", "detect_foreign_calls", "format_for",
-    "get_tool_call_format", "register_tool_call_format",
+    "get_tool_call_format", "register_tool_call_format", "think_parser_for", "with_tools",
 ]
 
-_PKG = "agentrl.envs.formats"
-
-# One entry per call syntax, in the order :func:`detect_foreign_calls` reports them. A value is a factory
-# or a ``module:attr`` path, loaded on first use.
+# One entry per call syntax, in the order :func:`detect_foreign_calls` reports them.
 BUILTIN_FORMATS: dict[str, Callable[[], ToolCallFormat] | str] = {
     "hermes": HermesFormat,
     "llama3_json": Llama3JsonFormat,
+    "qwen3_coder": Qwen3CoderFormat,
+    "mistral": MistralFormat,
+    "deepseek_v3": DeepSeekV3Format,
+    "glm45": Glm45Format,
+    "kimi_k2": KimiK2Format,
+    "gpt_oss": GptOssFormat,
 }
 
 TOOL_CALL_FORMATS: dict[str, Callable[[], ToolCallFormat] | str] = {
@@ -71,15 +81,23 @@ def _is_format(obj: Any) -> bool:
     return callable(getattr(obj, "parse", None)) and callable(getattr(obj, "render_calls", None))
 
 
+def with_tools(fmt: ToolCallFormat, tools: list[dict[str, Any]] | None) -> ToolCallFormat:
+    """``fmt`` told the tools' JSON schemas, where it uses them (the XML formats type their text values by
+    them: ``qwen3_coder``, ``glm45``); ``fmt`` itself for a format that has no use for them."""
+    bind = getattr(fmt, "bind_tools", None)
+    return bind(tools) if callable(bind) else fmt
+
+
 def detect_foreign_calls(text: str, chosen: str | ToolCallFormat) -> list[str]:
-    """Names of the built-in formats, other than ``chosen``'s syntax, whose call markers appear in ``text``."""
+    """Names of the built-in formats, other than ``chosen``'s syntax, whose call markers appear in ``text``
+    (a call written in another model family's syntax; the chosen format parses it as plain text or as a
+    malformed call)."""
     fmt = get_tool_call_format(chosen)
     found = []
-    for name in BUILTIN_FORMATS:
-        other = get_tool_call_format(name)
-        if name == fmt.name or isinstance(fmt, type(other)):
+    for name, factory in BUILTIN_FORMATS.items():
+        if name == getattr(fmt, "name", None) or (isinstance(factory, type) and isinstance(fmt, factory)):
             continue
-        if other.looks_like_call(text):
+        if get_tool_call_format(name).looks_like_call(text):
             found.append(name)
     return found
 
@@ -87,6 +105,12 @@ def detect_foreign_calls(text: str, chosen: str | ToolCallFormat) -> list[str]:
 # Checked in order: the first template pattern that matches picks the format (most specific first; the
 # Hermes ``<tool_call>`` is last because GLM and Qwen3-Coder wrap their own syntax in the same tag).
 _TEMPLATE_MARKERS: list[tuple[str, str]] = [
+    (r"<\|channel\|>", "gpt_oss"),
+    (r"<\|tool_calls_section_begin\|>|<\|im_middle\|>", "kimi_k2"),
+    (r"tool▁calls▁begin", "deepseek_v3"),
+    (r"<arg_key>", "glm45"),
+    (r"<function=", "qwen3_coder"),
+    (r"\[TOOL_CALLS\]", "mistral"),
     (r"<\|python_tag\|>|ipython", "llama3_json"),
     (r"<tool_call>\\n\{\"name\": \"", "qwen3"),
     (r"<tool_call>", "hermes"),

@@ -8,7 +8,9 @@ is reasoning. Calls written inside the reasoning are drafts and are not run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from agentrl.envs.formats.base import ParsedResponse, ToolCallFormat
 
@@ -66,3 +68,19 @@ class ThinkParser:
         parsed = fmt.parse(content)
         joined = "\n".join(r for r in (parsed.reasoning, reasoning) if r)
         return replace(parsed, reasoning=joined)
+
+
+# A template whose generation prompt ends by opening the block: DeepSeek-R1 writes '<｜Assistant｜><think>\n'.
+_OPENS_IN_PROMPT = re.compile(r"<｜Assistant｜><think>")
+
+
+def think_parser_for(tokenizer_or_template: Any) -> ThinkParser | None:
+    """The :class:`ThinkParser` a chat template calls for (a tokenizer or the template text): None when the
+    template never mentions ``<think>``; ``starts_inside`` when its generation prompt opens the block."""
+    template = tokenizer_or_template if isinstance(tokenizer_or_template, str) else (
+        getattr(tokenizer_or_template, "chat_template", None) or "")
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    if "think>" not in template:  # "<think>" or only "</think>" (R1-Distill strips it from history)
+        return None
+    return ThinkParser(starts_inside=bool(_OPENS_IN_PROMPT.search(template)))

@@ -1,0 +1,94 @@
+"""Mistral calls: ``[TOOL_CALLS]`` then a JSON list ``[{"name": ..., "arguments": {...}, "id": ...}, ...]``
+(Mistral-7B-v0.3, Nemo, Small 3.1: the vendored Nemo template), or, from the v11 tokenizers on (Small 3.2,
+Magistral, Devstral), ``[TOOL_CALLS]NAME[ARGS]{...}`` once per call, optionally ``NAME[CALL_ID]ID[ARGS]{...}``.
+Both are parsed; :meth:`MistralFormat.render_calls` writes the list form with the template's 9-character ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from agentrl.envs.formats.base import (
+    ParsedResponse,
+    ToolCall,
+    call_from_object,
+    call_with_json_arguments,
+    dump_json,
+    json_error,
+    snippet,
+)
+
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+CALL_ID = "[CALL_ID]"
+
+
+class MistralFormat:
+    """Mistral ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`` (and the v11 ``NAME[ARGS]{...}``)."""
+
+    name = "mistral"
+    _eos = "</s>"
+
+    @staticmethod
+    def call_id(index: int) -> str:
+        """The id :meth:`render_calls` gives the ``index``-th call of a turn (the template demands 9
+        alphanumerics); a tool result answering that call carries the same id."""
+        return f"call{index:05d}"
+
+    def parse(self, text: str) -> ParsedResponse:
+        if text.endswith(self._eos):
+            text = text[: -len(self._eos)]
+        first = text.find(TOOL_CALLS)
+        if first == -1:
+            return ParsedResponse(content=text.strip())
+        content = [text[:first]]
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        segments = text[first + len(TOOL_CALLS):].split(TOOL_CALLS)
+        for segment in segments:
+            content.append(self._segment(segment, calls, errors))
+        return ParsedResponse(content="".join(content).strip(), calls=calls, errors=errors)
+
+    def _segment(self, segment: str, calls: list[ToolCall], errors: list[str]) -> str:
+        """Parse the calls after one ``[TOOL_CALLS]``; the text left after them."""
+        body = segment.lstrip()
+        decoder = json.JSONDecoder()
+        if body.startswith(("[", "{")):
+            try:
+                obj, end = decoder.raw_decode(body)
+            except json.JSONDecodeError as err:
+                errors.append(json_error("[TOOL_CALLS] list", body, err))
+                return ""
+            for item in obj if isinstance(obj, list) else [obj]:
+                result = call_from_object(item, dump_json(item))
+                (errors if isinstance(result, str) else calls).append(result)
+            if isinstance(obj, list) and not obj:
+                errors.append("[TOOL_CALLS] is followed by an empty list: give at least one call")
+            return body[end:]
+        if ARGS in body:
+            head, _, tail = body.partition(ARGS)
+            name = head.partition(CALL_ID)[0].strip()
+            tail = tail.lstrip()
+            try:
+                _, end = decoder.raw_decode(tail)
+            except json.JSONDecodeError as err:
+                errors.append(json_error(f"arguments of {name or '?'!r}", tail, err))
+                return ""
+            result = call_with_json_arguments(name, tail[:end], raw=TOOL_CALLS + segment[: len(segment) - len(tail) + end])
+            (errors if isinstance(result, str) else calls).append(result)
+            return tail[end:]
+        errors.append(f"{TOOL_CALLS} must be followed by a JSON list of calls "
+                      f"[{{\"name\": ..., \"arguments\": {{...}}}}], got {snippet(body)}")
+        return ""
+
+    def render_calls(self, calls: list[ToolCall]) -> str:
+        # Template: tool_call.function|tojson minus its "}", then ', "id": "<9 chars>"}', joined by ", ".
+        items = ", ".join(
+            f'{{"name": {dump_json(c.name)}, "arguments": {dump_json(c.arguments)}, "id": "{self.call_id(i)}"}}'
+            for i, c in enumerate(calls)
+        )
+        return f"{TOOL_CALLS}[{items}]"
+
+    def looks_like_call(self, text: str) -> bool:
+        return TOOL_CALLS in text or bool(re.search(r"\w\[ARGS\]\s*\{", text))
