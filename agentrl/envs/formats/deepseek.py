@@ -53,7 +53,8 @@ class DeepSeekV3Format:
             (errors if isinstance(result, str) else calls).append(result)
             pos = end + len(CALL_END)
         free = "".join(content)
-        for marker in (CALLS_BEGIN, CALLS_END):  # the section markers carry nothing; a missing end is tolerated
+        # The section markers carry nothing (a missing end is tolerated); an end-of-sentence is the turn's end.
+        for marker in (CALLS_BEGIN, CALLS_END, EOS):
             free = free.replace(marker, "")
         return ParsedResponse(content=free.strip(), calls=calls, errors=errors)
 

@@ -39,48 +39,55 @@ class MistralFormat:
     def parse(self, text: str) -> ParsedResponse:
         if text.endswith(self._eos):
             text = text[: -len(self._eos)]
-        first = text.find(TOOL_CALLS)
-        if first == -1:
-            return ParsedResponse(content=text.strip())
-        content = [text[:first]]
         calls: list[ToolCall] = []
         errors: list[str] = []
-        segments = text[first + len(TOOL_CALLS):].split(TOOL_CALLS)
-        for segment in segments:
-            content.append(self._segment(segment, calls, errors))
+        content: list[str] = []
+        pos = 0
+        while True:  # each [TOOL_CALLS] is read up to the end of its JSON, so a marker inside a string is data
+            start = text.find(TOOL_CALLS, pos)
+            if start == -1:
+                content.append(text[pos:])
+                break
+            content.append(text[pos:start])
+            pos = self._calls_at(text, start + len(TOOL_CALLS), calls, errors)
         return ParsedResponse(content="".join(content).strip(), calls=calls, errors=errors)
 
-    def _segment(self, segment: str, calls: list[ToolCall], errors: list[str]) -> str:
-        """Parse the calls after one ``[TOOL_CALLS]``; the text left after them."""
-        body = segment.lstrip()
+    def _calls_at(self, text: str, pos: int, calls: list[ToolCall], errors: list[str]) -> int:
+        """Parse the calls right after one ``[TOOL_CALLS]`` (at ``pos``); where the text after them starts."""
         decoder = json.JSONDecoder()
-        if body.startswith(("[", "{")):
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        next_marker = text.find(TOOL_CALLS, pos)
+        limit = len(text) if next_marker == -1 else next_marker
+        if text.startswith(("[", "{"), pos):
             try:
-                obj, end = decoder.raw_decode(body)
+                obj, end = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as err:
-                errors.append(json_error("[TOOL_CALLS] list", body, err))
-                return ""
+                errors.append(json_error("[TOOL_CALLS] list", text[pos:limit], err))
+                return limit
             for item in obj if isinstance(obj, list) else [obj]:
                 result = call_from_object(item, dump_json(item))
                 (errors if isinstance(result, str) else calls).append(result)
             if isinstance(obj, list) and not obj:
                 errors.append("[TOOL_CALLS] is followed by an empty list: give at least one call")
-            return body[end:]
-        if ARGS in body:
-            head, _, tail = body.partition(ARGS)
-            name = head.partition(CALL_ID)[0].strip()
-            tail = tail.lstrip()
+            return end
+        args_at = text.find(ARGS, pos, limit)
+        if args_at != -1:
+            name = text[pos:args_at].partition(CALL_ID)[0].strip()
+            body = args_at + len(ARGS)
+            while body < len(text) and text[body].isspace():
+                body += 1
             try:
-                _, end = decoder.raw_decode(tail)
+                _, end = decoder.raw_decode(text, body)
             except json.JSONDecodeError as err:
-                errors.append(json_error(f"arguments of {name or '?'!r}", tail, err))
-                return ""
-            result = call_with_json_arguments(name, tail[:end], raw=TOOL_CALLS + segment[: len(segment) - len(tail) + end])
+                errors.append(json_error(f"arguments of {name or '?'!r}", text[body:limit], err))
+                return limit
+            result = call_with_json_arguments(name, text[body:end], raw=text[pos:end])
             (errors if isinstance(result, str) else calls).append(result)
-            return tail[end:]
+            return end
         errors.append(f"{TOOL_CALLS} must be followed by a JSON list of calls "
-                      f"[{{\"name\": ..., \"arguments\": {{...}}}}], got {snippet(body)}")
-        return ""
+                      f"[{{\"name\": ..., \"arguments\": {{...}}}}], got {snippet(text[pos:limit])}")
+        return limit
 
     def render_calls(self, calls: list[ToolCall]) -> str:
         # Template: tool_call.function|tojson minus its "}", then ', "id": "<9 chars>"}', joined by ", ".
