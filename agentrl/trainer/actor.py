@@ -33,6 +33,7 @@ from agentrl.trainer.model import (
     load_hf_weights,
     megatron_state_dict,
     resolve_attention,
+    resolve_packing,
     spec_flavour,
     unwrap,
 )
@@ -122,6 +123,7 @@ class MegatronTrainer:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dtype = _DTYPES[cfg.dtype]
         self.attention = resolve_attention(cfg.attention)
+        self.packed = resolve_packing(cfg.packing, cfg.attention)
         self.hf_config = hf_config if hf_config is not None else load_hf_config(self.model_dir)
         self.shape = ModelShape.from_hf_config(self.hf_config)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -194,19 +196,25 @@ class MegatronTrainer:
     # ------------------------------------------------------------------------------------------ forward
 
     def _forward(self, model, mb: MicroBatch) -> torch.Tensor:
-        """Vocab-parallel logits ``[b, L, V/tp]`` in fp32."""
+        """Vocab-parallel logits ``[b, L, V/tp]`` (packed: ``[1, T, V/tp]``) in fp32."""
         mb = mb.to(self.device)
+        if mb.packed is not None:
+            from agentrl.trainer.attention import packed_seq_params
+
+            return model(mb.packed.tokens, mb.packed.position_ids, None,
+                         packed_seq_params=packed_seq_params(mb.packed)).float()
         # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
         mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None
         return model(mb.tokens, mb.position_ids, mask).float()
 
     def _micro_batches(self, samples: Sequence[Any], advantages=None) -> list[MicroBatch]:
-        return make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id)
+        return make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id,
+                                  packed=self.packed)
 
     @torch.no_grad()
     def _logprobs_per_mb(self, model, mbs: list[MicroBatch]) -> list[torch.Tensor]:
         model.eval()
-        return [token_logprobs(self._forward(model, mb), mb.tokens, self.temperature) for mb in mbs]
+        return [mb.unpack(token_logprobs(self._forward(model, mb), mb.model_tokens, self.temperature)) for mb in mbs]
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Any]) -> list[list[float]]:
@@ -310,10 +318,10 @@ class MegatronTrainer:
                 old_lp = _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
                 logits = self._forward(self.model, mb)
-                lp = token_logprobs(logits, mb.tokens, self.temperature)
+                lp = mb.unpack(token_logprobs(logits, mb.model_tokens, self.temperature))
                 # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
                 with torch.set_grad_enabled(loss_cfg.entropy_coef != 0):
-                    entropy = vocab_parallel_entropy(logits, self.temperature)
+                    entropy = mb.unpack(vocab_parallel_entropy(logits, self.temperature))
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(
                     lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,

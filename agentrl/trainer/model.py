@@ -39,6 +39,17 @@ def resolve_attention(attention: Attention) -> Literal["sdpa", "local", "te"]:
     return attention
 
 
+def resolve_packing(packing: Literal["auto", "packed", "padded"], attention: Attention) -> bool:
+    """Whether micro-batches are packed (:class:`~agentrl.trainer.batch.PackedLayout`): ``auto`` packs
+    where the backend attends within each packed sequence (sdpa, te); ``local`` needs padding."""
+    backend = resolve_attention(attention)
+    if packing not in ("auto", "packed", "padded"):
+        raise ValueError(f"packing must be auto|packed|padded, got {packing!r}")
+    if packing == "packed" and backend == "local":
+        raise ValueError("packing='packed' needs attention 'sdpa' or 'te'; 'local' attention runs padded only")
+    return packing == "packed" or (packing == "auto" and backend != "local")
+
+
 def spec_flavour(attention: Attention) -> Spec:
     """Which state-dict naming (:data:`agentrl.weights.convert.Spec`) a backend uses."""
     return "te" if resolve_attention(attention) == "te" else "local"

@@ -40,7 +40,11 @@ class TrainerConfig(Settings):
     clip_grad: float = Field(1.0, description="global gradient-norm clip")
     use_distributed_optimizer: bool = Field(False, description="shard optimizer state over data-parallel ranks")
     # batching
-    max_tokens_per_microbatch: int = Field(8192, ge=1, description="padded tokens per forward/backward")
+    max_tokens_per_microbatch: int = Field(8192, ge=1, description="model tokens per forward/backward "
+                                           "(padded: rows x longest; packed: real tokens)")
+    packing: Literal["auto", "packed", "padded"] = Field(
+        "auto", description="packed: sequences end to end with per-sequence attention, no padding (sdpa, te); "
+                            "padded: right-padded rows; auto: packed unless attention is local")
     steps_per_batch: int = Field(1, ge=1, description="optimizer steps per train_step (PPO mini-batches)")
     pad_id: int = Field(0, description="token id used for padding")
     # RL
@@ -57,6 +61,8 @@ class TrainerConfig(Settings):
     def _consistent(self) -> TrainerConfig:
         if self.use_distributed_optimizer and self.optimizer != "adam":
             raise ValueError("Megatron's distributed optimizer supports only optimizer='adam'")
+        if self.packing == "packed" and self.attention == "local":
+            raise ValueError("packing='packed' needs attention 'sdpa' or 'te'; 'local' attention runs padded only")
         return self
 
     @property

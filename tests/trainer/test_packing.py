@@ -1,0 +1,121 @@
+"""Sequence packing: layout round trips, per-sequence attention, and the packed trainer against the padded one."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trainer_samples import synthetic_samples
+
+from agentrl.trainer.batch import collate, make_micro_batches, pack_layout, plan_packed_micro_batches
+from agentrl.trainer.trainer_config import TrainerConfig
+
+warnings.filterwarnings("ignore")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=40), st.integers(1, 120))
+def test_packed_plan_covers_every_sequence_once_within_budget(lengths, budget):
+    plans = plan_packed_micro_batches(lengths, budget)
+    assert sorted(i for p in plans for i in p) == list(range(len(lengths)))
+    for p in plans:
+        assert len(p) == 1 or sum(lengths[i] for i in p) <= budget
+
+
+def test_packing_needs_fewer_micro_batches_than_padding_for_ragged_lengths():
+    lengths = [50, 5, 5, 5, 5, 5, 5, 5, 5, 5]  # padded: 50 x rows; packed: 95 real tokens
+    assert len(plan_packed_micro_batches(lengths, 100)) == 1
+    assert len(make_micro_batches([dict(tokens=[1] * n, response_start=1, loss_mask=[1] * (n - 1))
+                                   for n in lengths], 100)) > 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=8))
+def test_layout_is_the_real_tokens_end_to_end_with_positions_restarting(lengths):
+    width = max(lengths)
+    tokens = torch.full((len(lengths), width), -1, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        tokens[r, :n] = torch.arange(n) + 100 * r
+    layout = pack_layout(lengths, tokens)
+    expected = torch.cat([torch.arange(n) + 100 * r for r, n in enumerate(lengths)])
+    assert torch.equal(layout.tokens[0], expected)
+    assert torch.equal(layout.position_ids[0], torch.cat([torch.arange(n) for n in lengths]))
+    assert layout.cu_seqlens.tolist() == [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    assert layout.max_seqlen == width and layout.tokens.shape[1] == sum(lengths)
+
+
+def test_unpack_puts_shifted_values_where_the_padded_layout_has_them():
+    samples = synthetic_samples(n_groups=2, per_group=3, seed=3)
+    mb = collate(samples, list(range(len(samples))), packed=True)
+    packed = mb.packed
+    # Value at packed position p: its token id; unpacked, row r column t must hold tokens[r, t] for
+    # 1 <= t < length, and 0 at column 0 (a sequence's first token is predicted by nothing) and padding.
+    values = packed.tokens.to(torch.float32).requires_grad_()
+    out = mb.unpack(values)
+    for r, n in enumerate(mb.lengths):
+        assert out[r, 0] == 0 and out[r, n:].abs().sum() == 0
+        assert torch.equal(out[r, 1:n], mb.tokens[r, 1:n].float())
+    out.sum().backward()  # differentiable; each interior position reaches exactly one slot
+    assert values.grad.sum() == sum(n - 1 for n in mb.lengths)
+
+
+def test_packed_attention_stays_within_each_sequence(tiny_dir):
+    """Changing one packed sequence changes no log-prob of its neighbours in the same micro-batch."""
+    from agentrl.trainer.actor import MegatronTrainer
+
+    samples = synthetic_samples(n_groups=2, per_group=3, seed=4)
+    trainer = MegatronTrainer(tiny_dir, TrainerConfig(packing="packed", max_tokens_per_microbatch=10_000))
+    assert len(trainer._micro_batches(samples)) == 1
+    before = trainer.compute_logprobs(samples)
+    changed = [dict(s) for s in samples]
+    changed[2]["tokens"] = [7] * len(changed[2]["tokens"])
+    after = trainer.compute_logprobs(changed)
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if i != 2:
+            # The block layout moves no neighbour; SDPA's per-row arithmetic is the same: equal to rounding.
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-6), i
+    assert not torch.allclose(torch.tensor(after[2]), torch.tensor(before[2]))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from agentrl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+def test_packed_trainer_matches_padded_in_log_probs_loss_and_update(tiny_dir):
+    """Same log-probs, metrics and weights after a KL + entropy GRPO step; only float reduction order differs
+    (matmuls over [T, h] rows instead of [b * L, h]), hence fp32 tolerances. SGD, whose update is linear in
+    the gradient: Adam's first step is sign-like and would flip on rounding-size gradients."""
+    from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.trainer.losses import LossConfig
+
+    samples = synthetic_samples(n_groups=3, per_group=4, seed=5)
+    loss = LossConfig(kl_coef=0.01, entropy_coef=0.01)
+    trainers = {p: MegatronTrainer(tiny_dir, TrainerConfig(packing=p, max_tokens_per_microbatch=64, lr=0.1, optimizer="sgd",
+                                                     loss=loss))
+                for p in ("padded", "packed")}
+    initial = dict(trainers["padded"].export_hf_named_tensors())
+    lp = {p: t.compute_logprobs(samples) for p, t in trainers.items()}
+    for a, b in zip(lp["padded"], lp["packed"], strict=True):
+        assert (torch.tensor(a) - torch.tensor(b)).abs().max().item() < 1e-5
+    metrics = {p: t.train_step(samples) for p, t in trainers.items()}
+    for k in ("loss", "kl", "entropy", "grad_norm", "n_tokens", "clip_frac"):
+        assert metrics["packed"][k] == pytest.approx(metrics["padded"][k], rel=1e-4, abs=1e-6), k
+    padded = dict(trainers["padded"].export_hf_named_tensors())
+    assert max((padded[n] - initial[n]).abs().max().item() for n in padded) > 1e-4  # the step moved weights
+    for name, w in trainers["packed"].export_hf_named_tensors():
+        assert torch.allclose(w, padded[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_packing_with_local_attention_is_refused_early():
+    with pytest.raises(ValueError, match="packing='packed' needs attention"):
+        TrainerConfig(packing="packed", attention="local")
+    from agentrl.trainer.model import resolve_packing
+
+    assert resolve_packing("auto", "local") is False and resolve_packing("auto", "sdpa") is True
+    assert resolve_packing("padded", "sdpa") is False
