@@ -70,7 +70,7 @@ def get_tool_call_format(name: str | ToolCallFormat) -> ToolCallFormat:
         raise ValueError(f"unknown tool-call format {name!r}; known: {sorted(TOOL_CALL_FORMATS)} "
                          "(or give a 'module:attr' path)")
     obj = resolve(name, TOOL_CALL_FORMATS, what="tool-call format")
-    fmt = obj if _is_format(obj) and not isinstance(obj, type) else obj()
+    fmt = obj if (_is_format(obj) and not isinstance(obj, type)) or not callable(obj) else obj()
     if not _is_format(fmt):
         raise TypeError(f"tool-call format {name!r} gave a {type(fmt).__name__}, which has no "
                         "parse(text) and render_calls(calls)")
