@@ -12,12 +12,32 @@ import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from agentrl.envs.formats import ToolCall
+from agentrl.envs.formats import ToolCall, ToolCallFormat, format_for, get_tool_call_format
 from agentrl.envs.tools import TOOL_ATTRIBUTE, ToolArgumentError, ToolSpec
 
 T = TypeVar("T")
+
+PromptMode = Literal["rerender", "append"]
+PROMPT_MODES: tuple[str, ...] = ("rerender", "append")
+TOOL_FORMAT_AUTO = "auto"
+
+
+def choose_tool_format(setting: str | ToolCallFormat | None, tokenizer: Any) -> ToolCallFormat:
+    """The format ``setting`` names: a format object, a built-in name or ``module:attr`` path
+    (:func:`~agentrl.envs.formats.get_tool_call_format`), or ``"auto"`` / None: the format the tokenizer's chat
+    template speaks (:func:`~agentrl.envs.formats.format_for`)."""
+    if setting is None or setting == TOOL_FORMAT_AUTO:
+        return format_for(tokenizer)
+    return get_tool_call_format(setting)
+
+
+def check_prompt_mode(mode: Any, where: str = "prompt_mode") -> PromptMode:
+    """``mode`` if it is a prompt mode; a ValueError naming ``where`` otherwise."""
+    if mode not in PROMPT_MODES:
+        raise ValueError(f"{where} must be one of {list(PROMPT_MODES)}, got {mode!r}")
+    return mode
 
 
 async def maybe_await(value: T | Awaitable[T]) -> T:
@@ -36,6 +56,14 @@ class Environment:
     ``max_turns`` model replies; ``max_total_tokens`` tokens in the final sequence (prompt + all
     replies); ``max_context_tokens`` the model's context (the loop also caps it at the engine's); and
     ``max_tool_output_chars`` to truncate long tool results.
+
+    How the model is spoken to (a run's ``rollout.tool_format`` / ``rollout.prompt_mode`` override these):
+    ``tool_format`` is the call syntax replies are parsed in — ``"auto"`` (the one the chat template
+    speaks), a built-in name (``hermes``, ``qwen3``, ``llama3_json``, ...) or ``"module:attr"``;
+    ``prompt_mode`` is how each turn's prompt is built — ``"rerender"`` the whole chat with the template
+    (what a deployed template renders), or ``"append"`` the new messages' rendering to the tokens the last
+    turn held, so a template that re-renders history differently (Qwen3 without thinking) still gives
+    whole multi-turn samples (the trade-off: docs/trajectory.md).
     """
 
     max_turns: ClassVar[int] = 8
@@ -51,6 +79,8 @@ class Environment:
     task_model: ClassVar[type[Any] | None] = None
     # Weights of the named components ``reward()`` may return (a component not listed weighs 1).
     reward_weights: ClassVar[Mapping[str, float]] = {}
+    tool_format: ClassVar[str] = TOOL_FORMAT_AUTO
+    prompt_mode: ClassVar[PromptMode] = "rerender"
 
     # Per-episode state, as class-level defaults so a subclass ``__init__`` need not call super().
     # The loop sets ``task`` and ``messages`` (the live history) right after ``reset``.
@@ -60,6 +90,7 @@ class Environment:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        check_prompt_mode(cls.prompt_mode, f"{cls.__name__}.prompt_mode")
         found: dict[str, ToolSpec] = {}
         for klass in reversed(cls.__mro__):  # subclasses override tools of their bases by method name
             for attr in vars(klass).values():

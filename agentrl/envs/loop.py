@@ -21,8 +21,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentrl.envs.environment import Environment, ToolCallError, maybe_await
-from agentrl.envs.formats import ParsedResponse, ToolCallFormat, format_for
+from agentrl.envs.environment import (
+    Environment,
+    PromptMode,
+    ToolCallError,
+    check_prompt_mode,
+    choose_tool_format,
+    maybe_await,
+)
+from agentrl.envs.formats import ParsedResponse, ToolCall, ToolCallFormat, detect_foreign_calls
 from agentrl.envs.render import ChatRenderer
 from agentrl.envs.rewards import combine_reward
 from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
@@ -47,7 +54,8 @@ class EpisodeMetrics:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    ill_formed_turns: int = 0  # replies with at least one malformed call (bad JSON, unknown tool, bad args)
+    ill_formed_turns: int = 0  # replies with a malformed call (bad JSON, unknown tool, bad args) or a foreign one
+    foreign_format_turns: int = 0  # replies with call markers of another format than the chosen one
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)  # when reward() names its parts
     stop_reason: StopReason | None = None  # set once the episode ends
@@ -115,6 +123,7 @@ class RolloutResult:
             "turns_mean": turns / n,
             "tool_calls_mean": sum(e.metrics.tool_calls for e in episodes) / n,
             "ill_formed_turn_rate": sum(e.metrics.ill_formed_turns for e in episodes) / max(turns, 1),
+            "foreign_format_turn_rate": sum(e.metrics.foreign_format_turns for e in episodes) / max(turns, 1),
             "failed": sum(e.metrics.error is not None for e in episodes),
             "failure_reasons": dict(Counter(e.metrics.error_type or "unknown" for e in episodes
                                             if e.metrics.error is not None)),
@@ -134,10 +143,19 @@ async def run_episode(
     group_id: str | None = None,
     sampling_params: dict[str, Any] | None = None,
     trajectory_manager: TrajectoryManager | None = None,
-    tool_format: ToolCallFormat | None = None,
+    tool_format: ToolCallFormat | str | None = None,
     max_context_tokens: int | None = None,
+    prompt_mode: PromptMode | None = None,
 ) -> EpisodeResult:
     """Play one episode of ``env`` on ``task`` and return its Samples and metrics.
+
+    ``tool_format`` (default ``env.tool_format``) is the call syntax replies are parsed in; a reply whose
+    calls are malformed, or that carries another format's call markers, is an ill-formed turn answered
+    with a tool message naming the expected format — never a final answer. When the chat template thinks
+    in ``<think>`` blocks, the reasoning is split off first: calls in it are not run and
+    ``env.on_text_response`` gets the reply without it. ``prompt_mode`` (default ``env.prompt_mode``):
+    ``"rerender"`` renders the whole chat each turn; ``"append"`` makes turn N's prompt the tokens turn
+    N-1 held (its prompt and output, as served) plus the rendering of only the messages added since.
 
     ``max_context_tokens`` is the engine's context length; each reply's ``max_new_tokens`` is capped
     so that prompt + reply fits both it and ``env.max_total_tokens``. Failures of ``generate`` or of the
@@ -145,7 +163,9 @@ async def run_episode(
     infinite reward (:class:`~agentrl.trajectory.sample.NonFiniteRewardError`); malformed tool calls never do.
     """
     manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
-    fmt = tool_format or format_for(renderer.tokenizer)
+    mode = check_prompt_mode(prompt_mode if prompt_mode is not None else env.prompt_mode)
+    fmt = choose_tool_format(tool_format if tool_format is not None else env.tool_format, renderer.tokenizer)
+    thinking = renderer.reasoning_parser()
     metrics = EpisodeMetrics()
     started = time.perf_counter()
     finish: Counter[str] = Counter()
@@ -158,6 +178,8 @@ async def run_episode(
         env.messages = messages
         tools = env.tool_schemas()
         last_finish = None
+        held: list[int] | None = None  # append mode: the last turn's prompt + output, as served
+        reply_closed, new_from = True, 0
         while True:
             if env.done:
                 metrics.stop_reason = metrics.stop_reason or StopReason.DONE
@@ -165,7 +187,10 @@ async def run_episode(
             if metrics.turns >= env.max_turns:
                 metrics.stop_reason = StopReason.MAX_TURNS
                 break
-            prompt_ids = renderer.render(messages, tools).ids
+            if mode == "append" and held is not None:
+                prompt_ids = held + renderer.render_continuation(messages, new_from, tools, reply_closed=reply_closed)
+            else:
+                prompt_ids = renderer.render(messages, tools).ids
             if metrics.turns == 0:
                 metrics.prompt_tokens = len(prompt_ids)
             budget, limit = _token_budget(len(prompt_ids), context, env.max_total_tokens)
@@ -178,20 +203,26 @@ async def run_episode(
                 params["max_new_tokens"] = budget if requested is None else min(requested, budget)
             turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
             text = renderer.decode_response(turn.output_ids)
-            parsed = fmt.parse(text)
+            parsed = thinking.parse(text, fmt) if thinking else fmt.parse(text)
+            foreign = detect_foreign_calls(parsed.content, fmt) if parsed.content else []
             # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
             # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
             reply = {"role": "assistant", "content": text}
             aborted = turn.finish_reason == "abort"
             # Act before recording so the turn's metadata says whether any of its calls failed.
-            answers, ill_formed = ([], False) if aborted else await _act(env, parsed, text, metrics)
+            answer = thinking.split(text)[1] if thinking else text  # what the env reads: no reasoning
+            answers, ill_formed = ([], False) if aborted else await _act(
+                env, parsed, answer, metrics, fmt=fmt, foreign=foreign, tools=tools)
             outcome = manager.record_turn(
                 session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
                 metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors),
-                          "ill_formed": ill_formed},
+                          "foreign_formats": foreign, "ill_formed": ill_formed},
             )
             drift[outcome] += 1
             messages.append(reply)
+            held = [*turn.prompt_ids, *turn.output_ids]
+            reply_closed = bool(turn.output_ids) and turn.output_ids[-1] in renderer.stop_ids
+            new_from = len(messages)
             metrics.turns += 1
             metrics.generated_tokens += len(turn.output_ids)
             last_finish = turn.finish_reason
@@ -225,14 +256,22 @@ async def run_episode(
                          metrics=metrics, messages=messages)
 
 
-async def _act(env: Environment, parsed: ParsedResponse, text: str,
-               metrics: EpisodeMetrics) -> tuple[list[dict[str, Any]], bool]:
-    """Tool messages answering the reply ``text`` (its calls' results and malformed-call errors), and
-    whether the reply was ill-formed (a malformed call, or a call the environment refused)."""
+async def _act(env: Environment, parsed: ParsedResponse, text: str, metrics: EpisodeMetrics, *,
+               fmt: ToolCallFormat, foreign: list[str], tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Tool messages answering the reply ``text`` (its calls' results, malformed-call errors and a note on
+    calls written in a ``foreign`` format), and whether the reply was ill-formed (a malformed call, a
+    foreign-format call, or a call the environment refused)."""
     out: list[dict[str, Any]] = []
-    ill_formed = bool(parsed.errors)
+    ill_formed = bool(parsed.errors or foreign)
     for error in parsed.errors:
         out.append({"role": "tool", "content": f"Error: {error}"})
+    if foreign:
+        metrics.foreign_format_turns += 1
+        names = " or ".join(foreign)
+        out.append({"role": "tool", "content": f"Error: this reply writes a tool call in the {names} format, "
+                                               "which is not read here; nothing was run"})
+    if out:  # the last error says how a call must look
+        out[-1]["content"] = f"{out[-1]['content'].rstrip('. ')}. {_format_hint(fmt, tools)}"
     for call in parsed.calls:
         if env.done:  # a call after the one that ended the episode is not run
             break
@@ -245,7 +284,7 @@ async def _act(env: Environment, parsed: ParsedResponse, text: str,
             result = f"Error: {err}"
         out.append({"role": "tool", "name": call.name, "content": result})
     metrics.ill_formed_turns += int(ill_formed)
-    if not parsed.calls and not parsed.errors:
+    if not parsed.calls and not ill_formed:
         more = await maybe_await(env.on_text_response(text))
         out.extend(more or [])
         if not more and not env.done:
@@ -255,6 +294,14 @@ async def _act(env: Environment, parsed: ParsedResponse, text: str,
     elif env.done:
         metrics.stop_reason = StopReason.DONE
     return out, ill_formed
+
+
+def _format_hint(fmt: ToolCallFormat, tools: list[dict[str, Any]]) -> str:
+    """"Tool calls use the <name> format, e.g. <a call of the first tool, as that format writes it>"."""
+    spec = (tools[0].get("function", tools[0]) if tools else {}) or {}
+    arguments = {k: "..." for k in (spec.get("parameters") or {}).get("properties", {})}
+    example = fmt.render_calls([ToolCall(name=spec.get("name") or "tool_name", arguments=arguments)])
+    return f"Tool calls use the {fmt.name} format, e.g. {example}"
 
 
 def _token_budget(prompt_len: int, context: int | None,
@@ -280,16 +327,18 @@ async def generate_rollout(
     concurrency: int = 32,
     sampling_params: dict[str, Any] | None = None,
     trajectory_manager: TrajectoryManager | None = None,
-    tool_format: ToolCallFormat | None = None,
+    tool_format: ToolCallFormat | str | None = None,
     max_context_tokens: int | None = None,
     episode_fn: Callable[..., Awaitable[EpisodeResult]] | str | None = None,
+    prompt_mode: PromptMode | None = None,
 ) -> RolloutResult:
     """Run ``n_samples_per_task`` episodes per task (a GRPO group sharing one group id), at most
     ``concurrency`` at a time. An episode that raises is reported (``metrics.error``, no samples)
     instead of cancelling the others.
 
     ``episode_fn`` (a function or ``"pkg.mod:fn"``) replaces :func:`run_episode` per sample with the
-    same signature — the per-sample generate plug-in.
+    same signature — the per-sample generate plug-in. ``tool_format`` and ``prompt_mode`` override each
+    environment's (see :func:`run_episode`).
     """
     from agentrl.envs.plugins import load_function
 
@@ -297,7 +346,11 @@ async def generate_rollout(
         raise ValueError("n_samples_per_task and concurrency must be >= 1")
     play = load_function(episode_fn) if isinstance(episode_fn, str) else (episode_fn or run_episode)
     manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
-    fmt = tool_format or format_for(renderer.tokenizer)
+    fmt = None if tool_format is None else choose_tool_format(tool_format, renderer.tokenizer)  # fail before any episode
+    if prompt_mode is not None:
+        check_prompt_mode(prompt_mode)
+    # Passed on only when set, so an episode function written before prompt modes keeps working.
+    mode = {} if prompt_mode is None else {"prompt_mode": prompt_mode}
     gate = asyncio.Semaphore(concurrency)
     rollout_id = uuid.uuid4().hex[:8]
 
@@ -309,7 +362,7 @@ async def generate_rollout(
                 env = env_factory()
                 return await play(env, task, generate, renderer, session_id=session_id, group_id=group_id,
                                   sampling_params=sampling_params, trajectory_manager=manager,
-                                  tool_format=fmt, max_context_tokens=max_context_tokens)
+                                  tool_format=fmt, max_context_tokens=max_context_tokens, **mode)
             except Exception as err:
                 log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
                 if manager.has_session(session_id):  # a custom episode function may not have cleaned up

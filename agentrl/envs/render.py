@@ -11,6 +11,10 @@ re-tokenization drift to non-canonical samples only.
 A template that rewrites message text (e.g. strips reasoning) cannot work with placeholders; for such
 templates the real render is tokenized whole, with each control-token text inside a message escaped
 (tokenized with ``split_special_tokens=True``) — equally injection-safe.
+
+:meth:`ChatRenderer.render_continuation` renders only what follows the reply just sampled (new tool / user
+messages and the generation prompt), for the append-only prompt mode: the next prompt is the held tokens
+plus these, never a re-render of the history.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.envs.formats import ThinkParser
+
 Message = dict[str, Any]
+# Keyword arguments apply_chat_template takes from the renderer itself; a chat_template_kwargs key may not be one.
+RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize", "add_generation_prompt",
+                                      "continue_final_message", "return_dict", "chat_template"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,9 @@ class ChatRenderer:
     """Injection-safe ``messages -> token ids`` with the tokenizer's chat template, and reply decoding."""
 
     def __init__(self, tokenizer: Any, **chat_template_kwargs: Any) -> None:
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & chat_template_kwargs.keys())
+        if clash:
+            raise ValueError(f"chat_template_kwargs may not set {clash}: the renderer passes them itself")
         self.tokenizer = tokenizer
         self.chat_template_kwargs = chat_template_kwargs
         self._nonce = secrets.token_hex(4)
@@ -50,6 +62,7 @@ class ChatRenderer:
         eos = tokenizer.eos_token_id
         self.stop_ids = {eos} if isinstance(eos, int) else set(eos or [])
         self._delimiters: tuple[str | None, str | None] | None = None
+        self._reasoning: tuple[ThinkParser | None] | None = None
 
     # ---- prompts ---------------------------------------------------------------------------------
     def render(self, messages: list[Message], tools: list[dict] | None = None, *,
@@ -68,6 +81,75 @@ class ChatRenderer:
         if filled != real_text:  # the template rewrites message text: placeholders would lie
             return self._render_escaped(messages, tools, add_generation_prompt)
         return self._tokenize_segments(pieces, slots, owner, messages, real_text)
+
+    def render_continuation(self, messages: list[Message], new_from: int, tools: list[dict] | None = None, *,
+                            reply_closed: bool = True) -> list[int]:
+        """Token ids the template writes after the assistant reply ``messages[new_from - 1]``: the rest of
+        that turn's closing, ``messages[new_from:]`` and the generation prompt — never the history again.
+
+        The caller holds the reply's tokens as sampled; ``reply_closed`` says they end with a stop token,
+        which the template's own end-of-turn token would repeat (it is left out then). The template sees
+        the real history, so context-dependent markup (a tool block opened after an assistant turn, the
+        generation prompt's ``chat_template_kwargs``) is what it would write; message text is tokenized
+        with control tokens split, as in :meth:`render`.
+        """
+        messages = [_with_text_content(m) for m in messages]
+        if not 0 < new_from <= len(messages) or messages[new_from - 1].get("role") != "assistant":
+            raise ValueError(f"messages[{new_from - 1}] must be the assistant reply the continuation follows")
+        mark = f"\ue000{self._nonce}:reply\ue001"
+        # The reply's text, calls and reasoning are in the held tokens already: a bare marker stands in.
+        head = [*messages[: new_from - 1], {"role": "assistant", "content": mark}]
+        new = messages[new_from:]
+        slotted, slots, _ = self._with_placeholders(new)
+        tail = self._after(mark, self._apply_template(head + slotted, tools, True))
+        pieces = self._slot.split(tail)
+        literal = [slots[int(p)] for p in pieces[1::2]]
+        filled = "".join(literal[i // 2] if i % 2 else p for i, p in enumerate(pieces))
+        if filled != self._after(mark, self._apply_template(head + new, tools, True)):
+            pieces, literal = self._escaped_pieces(head, new, tools, mark)  # the template rewrites new text
+        ids = self._interleave(pieces[0::2], literal)
+        if reply_closed and ids and ids[0] in self.stop_ids:
+            ids = ids[1:]
+        return ids
+
+    def _after(self, mark: str, text: str) -> str:
+        if text.count(mark) != 1:
+            raise ValueError("the chat template does not write the assistant reply verbatim, so the append "
+                             "prompt mode cannot tell where the reply ends; use prompt_mode='rerender'")
+        return text.split(mark)[1]
+
+    def _escaped_pieces(self, head: list[Message], new: list[Message], tools: list[dict] | None,
+                        mark: str) -> tuple[list[str], list[str]]:
+        """Template text pieces after ``mark`` and the control-token texts of ``new`` between them."""
+        escaped = self._escape_messages(new)
+        pieces = self._slot.split(self._after(mark, self._apply_template(head + escaped, tools, True)))
+        return pieces, [self.control_texts[int(p)] for p in pieces[1::2]]
+
+    def _interleave(self, template_parts: list[str], texts: list[str]) -> list[int]:
+        """Template parts tokenized normally, the texts between them with control tokens split."""
+        plain = self._encode_batch(template_parts, split_special=False)
+        protected = self._encode_batch(texts, split_special=True)
+        ids: list[int] = []
+        for k, part in enumerate(plain):
+            ids += part
+            if k < len(protected):
+                ids += protected[k]
+        return ids
+
+    def reasoning_parser(self) -> ThinkParser | None:
+        """A :class:`ThinkParser` when the chat template thinks in ``<think>`` blocks (``starts_inside`` when
+        the generation prompt, with this renderer's ``chat_template_kwargs``, leaves a block open); else None."""
+        if self._reasoning is None:
+            template = getattr(self.tokenizer, "chat_template", None) or ""
+            if isinstance(template, dict):
+                template = " ".join(template.values())
+            parser = None
+            if ThinkParser.open_tag in template:
+                header = self._assistant_delimiters()[0] or ""
+                opened = header.rfind(ThinkParser.open_tag) > header.rfind(ThinkParser.close_tag)
+                parser = ThinkParser(starts_inside=opened)
+            self._reasoning = (parser,)
+        return self._reasoning[0]
 
     def _with_placeholders(self, messages: list[Message]) -> tuple[list[Message], list[str], list[int]]:
         slotted = copy.deepcopy(messages)
@@ -191,6 +273,16 @@ class ChatRenderer:
             text = self._apply_template(messages, tools, add_generation_prompt)
             ids = self._encode_batch([text], split_special=False)[0]
             return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+        pieces = self._slot.split(self._apply_template(self._escape_messages(messages), tools, add_generation_prompt))
+        literal = [self.control_texts[int(p)] for p in pieces[1::2]]
+        ids = self._interleave(pieces[0::2], literal)
+        text = "".join(literal[i // 2] if i % 2 else p for i, p in enumerate(pieces))
+        return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+
+    def _escape_messages(self, messages: list[Message]) -> list[Message]:
+        """``messages`` with each control-token text in their text swapped for its marker."""
+        if not self.control_texts:
+            return copy.deepcopy(messages)
         pattern = re.compile("|".join(re.escape(t) for t in self.control_texts))
         index = {t: i for i, t in enumerate(self.control_texts)}
 
@@ -206,17 +298,7 @@ class ChatRenderer:
                 fn["name"] = escape(fn["name"])
                 args = fn.get("arguments", {})
                 fn["arguments"] = escape(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-        pieces = self._slot.split(self._apply_template(escaped, tools, add_generation_prompt))
-        literal = [self.control_texts[int(p)] for p in pieces[1::2]]
-        plain = self._encode_batch(pieces[0::2], split_special=False)
-        protected = self._encode_batch(literal, split_special=True)
-        ids: list[int] = []
-        for k, part in enumerate(plain):
-            ids += part
-            if k < len(protected):
-                ids += protected[k]
-        text = "".join(literal[i // 2] if i % 2 else p for i, p in enumerate(pieces))
-        return RenderedChat(ids=ids, text=text, assistant_mask=[0] * len(ids))
+        return escaped
 
     def _encode_batch(self, texts: list[str], *, split_special: bool) -> list[list[int]]:
         if not texts:

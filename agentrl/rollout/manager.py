@@ -62,10 +62,6 @@ class RolloutManager:
 
         self.model_dir = str(model_dir)
         self.settings = settings or RolloutSettings()
-        # Optional class-level hooks of the environment: rollout_metrics() -> {name: value} about its own
-        # infrastructure since the last call (reported as env/<name> after each rollout), and
-        # close_resources() (what its episodes share, e.g. sandbox pools; called by shutdown()).
-        self.env_source = env_factory
         self.env_factory = self._configured(env_factory)
         self.log_dir = log_dir
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
@@ -73,14 +69,16 @@ class RolloutManager:
         self.cpus = cpus
         self.watch: Any = None
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, **self.settings.chat_template_kwargs)
         self.max_context_tokens = context_length_of(self.model_dir)
         self.engines: list[Any] = []
         self.router: Any = None
         self._client: Any = None
 
     def _configured(self, env_factory: Callable[[], Environment]) -> Callable[[], Environment]:
-        """``env_factory`` with the settings' reward weights and remote reward applied to each env."""
+        """``env_factory`` with the settings' reward weights, tool format, prompt mode and remote reward
+        applied to each env (the loop reads the format and mode from the env, so a custom rollout function
+        sees them too)."""
         from agentrl.rollout.remote_reward import RemoteReward, with_remote_reward
 
         s = self.settings
@@ -89,6 +87,10 @@ class RolloutManager:
             env = env_factory()
             if s.reward_weights:
                 env.reward_weights = dict(s.reward_weights)
+            if s.tool_format is not None:
+                env.tool_format = s.tool_format
+            if s.prompt_mode is not None:
+                env.prompt_mode = s.prompt_mode
             return env
 
         return with_remote_reward(make, RemoteReward(s.remote_reward)) if s.remote_reward else make
@@ -151,9 +153,6 @@ class RolloutManager:
         for engine in self.engines:
             engine.stop()
         self.engines = []
-        closer = getattr(self.env_source, "close_resources", None)
-        if callable(closer):
-            closer()
 
     def __enter__(self) -> RolloutManager:
         return self.start()
@@ -205,9 +204,6 @@ class RolloutManager:
                 metrics[f"rollout/{key}"] = float(value)
         generated = sum(e.metrics.generated_tokens for e in result.episodes)
         metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
-        report = getattr(self.env_source, "rollout_metrics", None)
-        if callable(report):
-            metrics.update({f"env/{k}": float(v) for k, v in report().items()})
         groups = [g for g in groups if g]
         if prove:
             groups, proof, refusals = prove_groups(groups, manager.emitted)

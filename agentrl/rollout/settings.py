@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -30,6 +30,36 @@ class RolloutSettings(Settings):
     restart_dead_engines: bool = Field(False, description="restart an engine that died (it is always removed from the router)")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
     rollout_function: FunctionPath | None = Field(None, description="module:function replacing the agent loop (same signature)")
+    tool_format: str | None = Field(None, description="tool-call syntax replies are parsed in: a built-in name (hermes, qwen3, llama3_json, ...), "
+                                                      "module:attr, or auto (from the chat template); null: the environment's tool_format (default auto)")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                                 description='keyword arguments of the chat template in every prompt, train and eval, e.g. {"enable_thinking": false}')
+    prompt_mode: Literal["rerender", "append"] | None = Field(
+        None, description="rerender the whole chat each turn, or append the new messages to the held tokens (whole multi-turn "
+                          "samples when the template re-renders history differently; see docs/trajectory.md); null: the environment's")
+
+    @field_validator("tool_format")
+    @classmethod
+    def _tool_format_resolves(cls, value: str | None) -> str | None:
+        from agentrl.envs.environment import TOOL_FORMAT_AUTO
+        from agentrl.envs.formats import get_tool_call_format
+
+        if value is not None and value != TOOL_FORMAT_AUTO:
+            try:
+                get_tool_call_format(value)
+            except (ImportError, TypeError) as err:  # pydantic reports ValueErrors with the key's path
+                raise ValueError(str(err)) from None
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs_free(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        from agentrl.envs.render import RESERVED_TEMPLATE_KWARGS
+
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if clash:
+            raise ValueError(f"{clash} are set by the renderer itself, not by chat_template_kwargs")
+        return kwargs
 
     @field_validator("policy")
     @classmethod

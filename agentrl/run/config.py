@@ -124,6 +124,23 @@ class RunConfig(Settings):
             raise ValueError("dynamic_sampling refills batches from the episode pool; it needs loop='fully_async'")
         return self
 
+    @model_validator(mode="after")
+    def _env_speaks_a_known_format(self) -> RunConfig:
+        """The environment's own tool_format / prompt_mode, where rollout does not override them."""
+        from agentrl.envs import Environment
+        from agentrl.envs.environment import TOOL_FORMAT_AUTO, check_prompt_mode
+        from agentrl.envs.formats import get_tool_call_format
+
+        env = resolve(self.env, {}, what="env", base=Environment)
+        if self.rollout.prompt_mode is None:
+            check_prompt_mode(env.prompt_mode, f"{self.env}.prompt_mode")
+        if self.rollout.tool_format is None and env.tool_format != TOOL_FORMAT_AUTO:
+            try:
+                get_tool_call_format(env.tool_format)
+            except (ImportError, TypeError, ValueError) as err:
+                raise ValueError(f"{self.env}.tool_format: {err} (or set rollout.tool_format)") from None
+        return self
+
     @property
     def runs_warmup(self) -> bool:
         return self.expert is not None
