@@ -62,6 +62,10 @@ class RolloutManager:
 
         self.model_dir = str(model_dir)
         self.settings = settings or RolloutSettings()
+        # Optional class-level hooks of the environment: rollout_metrics() -> {name: value} about its own
+        # infrastructure since the last call (reported as env/<name> after each rollout), and
+        # close_resources() (what its episodes share, e.g. sandbox pools; called by shutdown()).
+        self.env_source = env_factory
         self.env_factory = self._configured(env_factory)
         self.log_dir = log_dir
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
@@ -153,6 +157,9 @@ class RolloutManager:
         for engine in self.engines:
             engine.stop()
         self.engines = []
+        closer = getattr(self.env_source, "close_resources", None)
+        if callable(closer):
+            closer()
 
     def __enter__(self) -> RolloutManager:
         return self.start()
@@ -204,6 +211,9 @@ class RolloutManager:
                 metrics[f"rollout/{key}"] = float(value)
         generated = sum(e.metrics.generated_tokens for e in result.episodes)
         metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
+        report = getattr(self.env_source, "rollout_metrics", None)
+        if callable(report):
+            metrics.update({f"env/{k}": float(v) for k, v in report().items()})
         groups = [g for g in groups if g]
         if prove:
             groups, proof, refusals = prove_groups(groups, manager.emitted)
