@@ -66,9 +66,8 @@ def documents_of(country: Country) -> list[tuple[str, str]]:
     if c.area:
         docs.append(("area", f"The area of {c.name} is {c.area} square kilometres."))
     if c.borders:
-        # The name twice: a query for this country must beat the short docs of neighbours that list it.
-        docs.append(("borders", f"The neighbours of {c.name}: the countries bordering {c.name} are "
-                                f"{', '.join(c.borders)}."))
+        # The country first, so a reader of a clipped snippet still sees whose neighbours these are.
+        docs.append(("borders", f"{c.name} borders {', '.join(c.borders)}."))
     if c.region:
         where = f"{c.subregion}, {c.region}" if c.subregion and c.subregion != c.region else c.region
         docs.append(("region", f"{c.name} is in {where}."))

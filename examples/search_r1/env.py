@@ -9,10 +9,8 @@ from agentrl.envs import Environment, tool
 from examples.search_r1.reward import score
 from examples.search_r1.search import SearchIndex
 
-SYSTEM_PROMPT = (
-    "Answer the question. Use the search tool to look facts up, as often as you need. "
-    "When you know the answer, reply with <answer>the answer</answer> and nothing else."
-)
+# Short: the tiny model has 512 positions for the prompt, two searches and the answer.
+SYSTEM_PROMPT = "Search, then reply <answer>the answer</answer>."
 
 
 @cache
@@ -22,12 +20,16 @@ def default_index() -> SearchIndex:
 
 
 class SearchR1Env(Environment):
-    """Multi-turn QA: tool ``search(query)``; the episode ends with a reply that calls no tool."""
+    """Multi-turn QA: tool ``search(query)``; the episode ends with a reply that calls no tool.
 
-    max_turns = 8
+    The reward is exact match of the ``<answer>`` (``format_weight`` > 0 adds a part for a well-formed
+    answer tag), so a run's ``eval_accuracy`` is held-out exact match."""
+
+    max_turns = 4  # two hops, the answer, one spare search
     top_k = 3
+    snippet_chars = 72  # per hit: a long list of neighbours is clipped (the country it belongs to comes first)
     metric = "em"
-    format_weight = 0.2
+    format_weight = 0.0
 
     def __init__(self, index: SearchIndex | None = None) -> None:
         super().__init__()
@@ -49,7 +51,7 @@ class SearchR1Env(Environment):
         hits = self.index.search(query, k=self.top_k)
         if not hits:
             return "No results."
-        return "\n".join(f"[{i + 1}] {doc.text}" for i, doc in enumerate(hits))
+        return "\n".join(f"[{i + 1}] {clip(doc.text, self.snippet_chars)}" for i, doc in enumerate(hits))
 
     def on_text_response(self, text: str) -> None:
         self.final_reply = text
@@ -60,6 +62,14 @@ class SearchR1Env(Environment):
         return score(self.final_reply, self.task["answers"], metric=self.metric, format_weight=self.format_weight)
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, marked with ``...``."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3].rsplit(" ", 1)[0]
+    return cut.rstrip(",") + "..."
+
+
 def expert_replies(task: dict[str, Any]) -> list[str]:
     """The replies of a policy that runs the question's expert searches, then answers."""
     from agentrl.envs.formats import HermesFormat, ToolCall
@@ -67,3 +77,16 @@ def expert_replies(task: dict[str, Any]) -> list[str]:
     fmt = HermesFormat()
     calls = [fmt.render_calls([ToolCall("search", {"query": q})]) for q in task["queries"]]
     return calls + [f"<answer>{task['answers'][0]}</answer>"]
+
+
+def expert_messages(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The expert's whole chat of ``task`` for supervised warm-up: the initial messages, then its replies
+    with the real search results between them, as the agent loop would record them."""
+    env = SearchR1Env()
+    messages = env.reset(task)
+    *calls, answer = expert_replies(task)
+    for reply, query in zip(calls, task["queries"], strict=True):
+        messages += [{"role": "assistant", "content": reply},
+                     {"role": "tool", "name": "search", "content": env.search(query)}]
+    messages.append({"role": "assistant", "content": answer})
+    return messages

@@ -1,9 +1,19 @@
-"""Single- and multi-hop questions generated from the corpus data, with a held-out split by country.
+"""One- and two-hop questions generated from the corpus data, with a held-out split by answer country.
 
-Kinds: ``capital`` ("What is the capital of X?", 1 hop); ``population_by_capital`` ("What is the
-population of the country whose capital is Y?", 2 hops); ``largest_neighbour`` ("Which neighbour of X
-has the largest area?", 1 + one search per neighbour). Every question carries the expert's search
-queries, so a scripted policy can solve it through the real search tool.
+Kinds (each question carries the expert's search queries, so a scripted policy solves it through the
+real search tool):
+
+- ``capital`` (1 hop): "What is the capital of X?" — search ``capital of X``.
+- ``country_of_capital`` (1 hop): "Which country has the capital C?" — search ``capital C``.
+- ``neighbour_capital`` (2 hops): "What is the capital of the country that borders X and Y?" — search
+  ``borders X and Y`` (the one country bordering both comes first), then ``capital of Z``.
+- ``population_by_capital`` (2 hops): "What is the population of the country whose capital is C?" —
+  search ``capital C``, then ``population of Z``.
+
+A question is kept only when it has one answer (no shared capital, exactly one common neighbour) and every
+expert query ranks the document it needs first under BM25: the questions are the ones the search tool
+can answer. The split is by the country the answer is about (``country``), so a held-out answer is never
+a training answer.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ from examples.search_r1.corpus import countries
 
 SPLIT_SEED = 7
 HELD_OUT_FRACTION = 0.2
-KINDS = ("capital", "population_by_capital", "largest_neighbour")
+KINDS = ("capital", "country_of_capital", "neighbour_capital", "population_by_capital")
+HOPS = {"capital": 1, "country_of_capital": 1, "neighbour_capital": 2, "population_by_capital": 2}
 
 
 @cache
@@ -27,46 +38,98 @@ def held_out_countries() -> frozenset[str]:
     return frozenset(names[: int(len(names) * HELD_OUT_FRACTION)])
 
 
-@cache
-def all_questions() -> tuple[dict[str, Any], ...]:
-    """Every question the data supports, each ``{"id", "kind", "question", "answers", "country",
-    "queries", "split"}``; ambiguous ones (a capital shared by two countries, a tie in area) are left out."""
+def _candidates() -> list[dict[str, Any]]:
+    """Every unambiguous question; ``evidence`` lists the (country, field) document each query needs."""
     data = countries()
     by_name = {c.name: c for c in data}
     capital_count = Counter(c.capital for c in data if c.capital)
-    held = held_out_countries()
     out: list[dict[str, Any]] = []
 
-    def add(kind: str, country: str, question: str, answer: str, queries: list[str]) -> None:
-        out.append({"id": f"{kind}:{country}", "kind": kind, "question": question, "answers": [answer],
-                    "country": country, "queries": queries, "split": "heldout" if country in held else "train"})
+    def add(kind: str, key: str, country: str, question: str, answer: str,
+            queries: list[str], evidence: list[tuple[str, str]]) -> None:
+        out.append({"id": f"{kind}:{key}", "kind": kind, "question": question, "answers": [answer],
+                    "country": country, "queries": queries, "evidence": evidence})
 
     for c in data:
-        if c.capital:
-            add("capital", c.name, f"What is the capital of {c.name}?", c.capital, [f"capital of {c.name}"])
-        if c.capital and c.population and capital_count[c.capital] == 1:
-            add("population_by_capital", c.name,
-                f"What is the population of the country whose capital is {c.capital}?", str(c.population),
-                [f"capital is {c.capital}", f"population of {c.name}"])
-        neighbours = [by_name[n] for n in c.borders if by_name[n].area]
-        if len(neighbours) >= 2:
-            areas = sorted((n.area for n in neighbours), reverse=True)
-            if areas[0] != areas[1]:
-                largest = max(neighbours, key=lambda n: n.area)
-                add("largest_neighbour", c.name, f"Which neighbour of {c.name} has the largest area?",
-                    largest.name, [f"neighbours of {c.name}"] + [f"area of {n.name}" for n in neighbours])
-    return tuple(out)
+        if not c.capital:
+            continue
+        add("capital", c.name, c.name, f"What is the capital of {c.name}?", c.capital,
+            [f"capital of {c.name}"], [(c.name, "capital")])
+        if capital_count[c.capital] == 1:
+            add("country_of_capital", c.name, c.name, f"Which country has the capital {c.capital}?", c.name,
+                [f"capital {c.capital}"], [(c.name, "capital")])
+            if c.population:
+                add("population_by_capital", c.name, c.name,
+                    f"What is the population of the country whose capital is {c.capital}?", str(c.population),
+                    [f"capital {c.capital}", f"population of {c.name}"], [(c.name, "capital"), (c.name, "population")])
+    bordering: dict[str, set[str]] = {c.name: set(c.borders) for c in data}
+    names = sorted(bordering)
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            common = bordering[x] & bordering[y]
+            if len(common) != 1:
+                continue
+            z = by_name[next(iter(common))]
+            if z.capital:
+                add("neighbour_capital", f"{x}+{y}", z.name,
+                    f"What is the capital of the country that borders {x} and {y}?", z.capital,
+                    [f"borders {x} and {y}", f"capital of {z.name}"], [(z.name, "borders"), (z.name, "capital")])
+    return out
 
 
-def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] = KINDS,
+@cache
+def all_questions() -> tuple[dict[str, Any], ...]:
+    """Every question the data and the search tool support, each ``{"id", "kind", "question", "answers",
+    "country", "queries", "evidence", "split"}``, in a fixed order."""
+    from examples.search_r1.env import default_index
+
+    index = default_index()
+    held = held_out_countries()
+    kept = []
+    for q in _candidates():
+        firsts = [index.search(query, k=1) for query in q["queries"]]
+        if all(hits and (hits[0].country, hits[0].field) == need for hits, need in zip(firsts, q["evidence"], strict=True)):
+            kept.append({**q, "split": "heldout" if q["country"] in held else "train"})
+    return tuple(kept)
+
+
+def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
                    seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` questions of ``kinds`` from ``split`` (``"train"`` or ``"heldout"``; disjoint by country),
-    shuffled by ``seed``; all of them when ``n`` is None."""
+    """Questions of ``kinds`` from ``split`` (``"train"`` or ``"heldout"``; disjoint by answer country).
+
+    ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
+    kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
+    when used up — so every kind is equally frequent however many questions it has, no country dominates
+    (China borders 14 countries: 75 two-hop questions), and ``n`` may exceed the pool."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    kinds = tuple(kinds)
     unknown = set(kinds) - set(KINDS)
-    if unknown:
+    if unknown or not kinds:
         raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {KINDS}")
+    rng = random.Random(seed)
     pool = [q for q in all_questions() if q["split"] == split and q["kind"] in kinds]
-    random.Random(seed).shuffle(pool)
-    return pool if n is None else pool[:n]
+    if n is None:
+        rng.shuffle(pool)
+        return pool
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    per_kind = {k: _round_robin([q for q in pool if q["kind"] == k], rng) for k in kinds}
+    for k, qs in per_kind.items():
+        if not qs:
+            raise ValueError(f"no {split} questions of kind {k!r}")
+    order = list(kinds)
+    rng.shuffle(order)  # which kind comes first varies with the seed
+    return [per_kind[order[i % len(order)]][(i // len(order)) % len(per_kind[order[i % len(order)]])]
+            for i in range(n)]
+
+
+def _round_robin(questions: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """``questions`` shuffled, then reordered so that their answer countries take turns."""
+    rng.shuffle(questions)
+    seen: Counter[str] = Counter()
+    ranked = []
+    for q in questions:
+        ranked.append((seen[q["country"]], len(ranked), q))
+        seen[q["country"]] += 1
+    return [q for _, _, q in sorted(ranked, key=lambda r: r[:2])]

@@ -16,11 +16,12 @@ from agentrl.envs import generate_rollout  # noqa: E402
 from agentrl.envs.scripted import ScriptedPolicy  # noqa: E402
 from agentrl.trajectory import verify_session  # noqa: E402
 from examples.search_r1.corpus import build_corpus, countries, documents_of  # noqa: E402
-from examples.search_r1.env import SearchR1Env, default_index, expert_replies  # noqa: E402
-from examples.search_r1.questions import KINDS, all_questions, held_out_countries, make_questions  # noqa: E402
+from examples.search_r1.env import SearchR1Env, clip, default_index, expert_messages, expert_replies  # noqa: E402
+from examples.search_r1.questions import HOPS, KINDS, all_questions, held_out_countries, make_questions  # noqa: E402
 from examples.search_r1.reward import exact_match, extract_answer, f1, normalize_answer, score  # noqa: E402
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "search_r1" / "config.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +49,75 @@ def test_search_ranks_the_document_of_the_named_country_first():
     index = default_index()
     assert index.search("capital of Ethiopia")[0].text == "The capital of Ethiopia is Addis Ababa."
     assert index.search("population of Japan", k=1)[0].field == "population"
+    # China's long list of neighbours is the one naming both: length normalisation must not bury it.
+    assert index.search("borders Afghanistan and Mongolia", k=1)[0].text.startswith("China borders ")
     assert index.search("zzzz qqqq") == [] and index.search("") == []
     with pytest.raises(ValueError, match="k must be >= 1"):
         index.search("France", k=0)
 
 
+def test_search_results_are_clipped_numbered_and_at_most_top_k():
+    env = SearchR1Env()
+    lines = env.search("borders Afghanistan and Mongolia").splitlines()
+    assert len(lines) == env.top_k and [line[:4] for line in lines] == ["[1] ", "[2] ", "[3] "]
+    assert lines[0].startswith("[1] China borders Afghanistan,") and lines[0].endswith("...")
+    assert all(len(line) <= 4 + env.snippet_chars for line in lines)
+    assert env.search("zzzz") == "No results." and env.searches == ["borders Afghanistan and Mongolia", "zzzz"]
+    assert clip("short", 10) == "short" and clip("one two three four", 12) == "one two..."
+    assert clip("Aa, Bb, Cc, Dd", 12) == "Aa, Bb..."  # cut at a word, no dangling comma
+
+
 def test_questions_are_deterministic_disjoint_by_country_and_correct():
     qs = all_questions()
-    assert {q["kind"] for q in qs} == set(KINDS)
+    assert {q["kind"] for q in qs} == set(KINDS) and set(HOPS) == set(KINDS)
     assert make_questions(20, seed=3) == make_questions(20, seed=3) != make_questions(20, seed=4)
     train, held = make_questions(split="train"), make_questions(split="heldout")
     assert {q["country"] for q in train}.isdisjoint({q["country"] for q in held})
-    assert {q["country"] for q in held} <= held_out_countries() and len(held) > 50
+    assert {q["country"] for q in held} <= held_out_countries() and len(held) > 150
     by_name = {c.name: c for c in countries()}
+    capitals = Counter(c.capital for c in countries())
     for q in qs:
         c = by_name[q["country"]]
+        assert len(q["queries"]) == HOPS[q["kind"]] == len(q["evidence"])
         if q["kind"] == "capital":
-            assert q["answers"] == [c.capital]
+            assert q["answers"] == [c.capital] and c.name in q["question"]
+        elif q["kind"] == "country_of_capital":
+            assert q["answers"] == [c.name] and capitals[c.capital] == 1 and c.capital in q["question"]
         elif q["kind"] == "population_by_capital":
             assert q["answers"] == [str(c.population)] and c.capital in q["question"]
         else:
-            areas = {n: by_name[n].area or 0 for n in c.borders}
-            assert q["answers"] == [max(areas, key=areas.get)]
+            x, y = q["id"].removeprefix("neighbour_capital:").split("+")
+            assert f"borders {x} and {y}?" in q["question"] and q["answers"] == [c.capital]
+            common = set(by_name[x].borders) & set(by_name[y].borders)
+            assert common == {c.name}  # exactly one country borders both: one answer
+
+
+def test_every_expert_query_finds_its_evidence_first():
+    index = default_index()
+    for q in all_questions():
+        for query, need in zip(q["queries"], q["evidence"], strict=True):
+            top = index.search(query, k=1)[0]
+            assert (top.country, top.field) == tuple(need), (q["id"], query)
+
+
+def test_make_questions_takes_kinds_in_turn_and_cycles_past_the_pool():
+    kinds = ("capital", "neighbour_capital")
+    qs = make_questions(40, split="heldout", kinds=kinds, seed=5)
+    assert Counter(q["kind"] for q in qs) == {"capital": 20, "neighbour_capital": 20}
+    assert len({q["kind"] for q in qs[0::2]}) == 1 and len({q["kind"] for q in qs[1::2]}) == 1
+    pool = [q for q in make_questions(split="heldout", kinds=("neighbour_capital",))]
+    many = make_questions(len(pool) + 5, split="heldout", kinds=("neighbour_capital",), seed=1)
+    assert {q["id"] for q in many} == {q["id"] for q in pool}  # all of them, then it starts over
+    assert many[: len(pool)] != pool and many[len(pool):] == many[:5]
+    # answer countries take turns: the first round names each country once (China has 75 questions)
+    countries_seen = {q["country"] for q in pool}
+    assert len({q["country"] for q in many[: len(countries_seen)]}) == len(countries_seen)
     with pytest.raises(ValueError, match="split"):
         make_questions(split="test")
     with pytest.raises(ValueError, match="unknown question kinds"):
         make_questions(kinds=("nope",))
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        make_questions(-1)
 
 
 def test_reward_exact_match_f1_and_format():
@@ -84,6 +128,7 @@ def test_reward_exact_match_f1_and_format():
     assert f1("Addis", ["Addis Ababa"]) == pytest.approx(2 / 3)
     assert score("<answer>Paris</answer>", ["Paris"]) == 1.0
     assert score("<answer>Lyon</answer>", ["Paris"]) == pytest.approx(0.2)  # format only
+    assert score("<answer>Lyon</answer>", ["Paris"], format_weight=0) == 0.0
     assert score("Paris", ["Paris"]) == 0.0  # no answer tag: nothing
     assert score("<answer>Addis</answer>", ["Addis Ababa"], metric="f1") == pytest.approx(0.2 + 0.8 * 2 / 3)
     with pytest.raises(ValueError, match="metric"):
@@ -91,8 +136,10 @@ def test_reward_exact_match_f1_and_format():
 
 
 def test_scripted_episodes_verify_and_never_train_tool_tokens(renderer):
+    """The expert through the real loop: right answers, one search per hop, and the warm-up's expert chat
+    is exactly the chat the loop records (so supervised warm-up trains on what rollouts look like)."""
     tokenizer = renderer.tokenizer
-    tasks = [next(q for q in make_questions(kinds=(kind,), seed=1) if len(q["queries"]) <= 3) for kind in KINDS]
+    tasks = [make_questions(1, kinds=(kind,), seed=1)[0] for kind in KINDS]
     scripts = {t["question"]: expert_replies(t) for t in tasks}
 
     def reply(prompt_text, turn):
@@ -102,12 +149,14 @@ def test_scripted_episodes_verify_and_never_train_tool_tokens(renderer):
     policy = ScriptedPolicy(tokenizer, reply)
     result = asyncio.run(generate_rollout(SearchR1Env, tasks, policy, renderer, n_samples_per_task=2))
     assert result.summary()["failed"] == 0
+    assert result.summary()["tool_calls_mean"] == sum(HOPS[t["kind"]] for t in tasks) / len(tasks)
     for group, task in zip(result.groups, tasks, strict=True):
         assert len({e.group_id for e in group}) == 1
         for episode in group:
             m = episode.metrics
             assert m.reward == 1.0 and m.stop_reason == "no_tool_call"
             assert m.tool_calls == len(task["queries"]) and m.ill_formed_turns == 0
+            assert episode.messages == expert_messages(task)
             turns = policy.turns[episode.session_id]
             verify_session(episode.samples, turns)
             [sample] = episode.samples
@@ -122,13 +171,39 @@ def test_scripted_episodes_verify_and_never_train_tool_tokens(renderer):
             assert first_result in untrained and first_result not in trained
 
 
-def test_wrong_or_missing_answer_scores_low(renderer):
+def test_reward_is_exact_match_of_the_answer(renderer):
     task = make_questions(1, kinds=("capital",), seed=2)[0]
-    for final, expected in [("<answer>Atlantis</answer>", 0.2), ("I do not know.", 0.0)]:
+
+    class WithFormat(SearchR1Env):
+        format_weight = 0.2
+
+    for env, final, expected in [(SearchR1Env, f"<answer>{task['answers'][0]}</answer>", 1.0),
+                                 (SearchR1Env, "<answer>Atlantis</answer>", 0.0),
+                                 (SearchR1Env, task["answers"][0], 0.0),  # no answer tag
+                                 (WithFormat, "<answer>Atlantis</answer>", 0.2),
+                                 (WithFormat, "I do not know.", 0.0)]:
         policy = ScriptedPolicy(renderer.tokenizer, [final])
-        result = asyncio.run(generate_rollout(SearchR1Env, [task], policy, renderer))
+        result = asyncio.run(generate_rollout(env, [task], policy, renderer))
         [episode] = result.episodes
         assert episode.metrics.reward == pytest.approx(expected) and episode.metrics.turns == 1
+
+
+def test_expert_chats_fit_the_tiny_model():
+    """Every question's expert chat fits the run's context, and every expert reply its per-turn budget."""
+    from transformers import AutoTokenizer
+
+    from agentrl.envs.render import ChatRenderer
+    from agentrl.run.config import load_config
+
+    cfg = load_config(CONFIG)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    renderer = ChatRenderer(tokenizer)
+    kinds = cfg.task_kwargs["kinds"]
+    questions = [q for q in all_questions() if q["kind"] in kinds]
+    longest_chat = max(len(renderer.render(expert_messages(q), SearchR1Env.tool_schemas()).ids) for q in questions)
+    longest_reply = max(len(tokenizer(r)["input_ids"]) for q in questions for r in expert_replies(q))
+    assert longest_chat < cfg.model.max_position_embeddings
+    assert longest_reply < cfg.rollout.max_new_tokens  # room for the closing <|im_end|>
 
 
 def test_run_script_with_the_expert_policy_writes_samples(tmp_path, capsys):
