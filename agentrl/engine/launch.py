@@ -183,3 +183,73 @@ class EngineProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ExternalEngine:
+    """A server agentrl did not start (``agentrl serve``, SGLang), with :class:`EngineProcess`'s API:
+    :meth:`wait_healthy` checks that it answers ``GET /health`` and takes the run's ``secret`` on
+    ``/server_info`` (kept as :attr:`info`); :meth:`start` and :meth:`stop` leave it alone."""
+
+    def __init__(self, url: str, *, secret: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.secret = secret or run_secret()
+        self.info: dict | None = None
+
+    @property
+    def alive(self) -> bool:  # not ours to watch: EngineWatch's health probes decide
+        return True
+
+    pid = None
+
+    def start(self) -> ExternalEngine:
+        return self
+
+    def stop(self, timeout: float = 10) -> None:
+        """Nothing: agentrl never stops a server it did not start."""
+
+    def kill(self) -> None:
+        """Nothing (see :meth:`stop`)."""
+
+    def wait_healthy(self, timeout: float = 15) -> ExternalEngine:
+        """Block until ``/health`` answers 200, then read ``/server_info`` with the secret; raise
+        :class:`EngineStartError` naming the url when it does not answer or refuses the secret."""
+        import json
+
+        from agentrl.engine.auth import auth_headers
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            try:
+                with opener.open(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"engine {self.url} (rollout.engine_urls) does not answer GET /health "
+                                       f"after {timeout:g} s: {last}; is the server running and reachable from here?")
+            time.sleep(0.2)
+        request = urllib.request.Request(self.url + "/server_info", headers=auth_headers(self.secret))
+        try:
+            with opener.open(request, timeout=10) as resp:
+                self.info = json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise EngineStartError(
+                    f"engine {self.url} refused the run's secret (HTTP {exc.code} on /server_info): start it with the "
+                    f"same secret, ${SECRET_ENV} for agentrl serve or --api-key for SGLang, and set ${SECRET_ENV} "
+                    "to it where agentrl train runs") from None
+            raise EngineStartError(f"engine {self.url}: GET /server_info failed with HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise EngineStartError(f"engine {self.url}: GET /server_info failed: {exc}") from None
+        return self
+
+    def where(self) -> dict:
+        """Where it runs, as far as agentrl knows: its url (it is not on a bundle of this run)."""
+        return {"url": self.url, "external": True, "node_id": None, "node_ip": None, "gpu_ids": None,
+                "engine": (self.info or {}).get("engine") or "sglang"}

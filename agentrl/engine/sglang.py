@@ -150,6 +150,8 @@ class SGLangServerConfig:
     port: int = 30000
     dtype: str | None = None  # "bfloat16", "float16", "auto", ...
     tp_size: int = 1
+    # With CUDA_VISIBLE_DEVICES set to the GPUs Ray assigned, the engine's first GPU is always 0.
+    base_gpu_id: int | None = None
     mem_fraction_static: float | None = None
     enable_memory_saver: bool = False  # needed for release/resume_memory_occupation (colocated trainer)
     weight_version: str | None = None
@@ -172,6 +174,8 @@ def sglang_launch_command(config: SGLangServerConfig, python: str = sys.executab
         add("--dtype", config.dtype)
     if config.tp_size != 1:
         add("--tp-size", str(config.tp_size))
+    if config.base_gpu_id is not None:
+        add("--base-gpu-id", str(config.base_gpu_id))
     if config.mem_fraction_static is not None:
         add("--mem-fraction-static", str(config.mem_fraction_static))
     if config.enable_memory_saver:
@@ -200,6 +204,7 @@ class SGLangProcess(EngineProcess):
         host: str = "127.0.0.1",
         dtype: str | None = None,
         tp_size: int = 1,
+        base_gpu_id: int | None = None,
         mem_fraction_static: float | None = None,
         enable_memory_saver: bool = False,
         sglang_args: Sequence[str] = (),
@@ -212,7 +217,7 @@ class SGLangProcess(EngineProcess):
                          log_dir=log_dir, secret=secret)
         self.config = SGLangServerConfig(
             model_path=str(model_dir), host=host, port=self.port, dtype=dtype, tp_size=tp_size,
-            mem_fraction_static=mem_fraction_static, enable_memory_saver=enable_memory_saver,
+            base_gpu_id=base_gpu_id, mem_fraction_static=mem_fraction_static, enable_memory_saver=enable_memory_saver,
             api_key=self.secret, passthrough=list(sglang_args),
         )
         to_sglang_flags(self.config.passthrough)  # fail early on owned flags

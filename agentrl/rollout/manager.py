@@ -20,6 +20,8 @@ from agentrl.rollout.settings import RolloutSettings
 from agentrl.trajectory import Sample
 
 log = logging.getLogger(__name__)
+# A server named in engine_urls runs already: it answers /health at once or is not there.
+EXTERNAL_HEALTH_TIMEOUT_S = 15.0
 
 
 @dataclass
@@ -49,12 +51,17 @@ class RolloutManager:
     sync must present. A dead engine leaves the router within seconds (:class:`~agentrl.rollout.router.
     EngineWatch`) and, with ``settings.restart_dead_engines``, is started again. Embedded engines split ``cpus``
     (default: the cores this process may use) evenly between their torch thread pools.
+
+    Where the engines come from: ``settings.engine_urls`` names servers that already run (agentrl serve or
+    SGLang): each is health-checked and must accept the secret, none is started or stopped here. Else
+    ``engine_factory(i)`` (e.g. an engine started on another node by the run) returns engine ``i`` with
+    :class:`~agentrl.engine.launch.EngineProcess`'s API; else engines are this process's children.
     """
 
     def __init__(self, model_dir: str | Path, env_factory: Callable[[], Environment],
                  settings: RolloutSettings | None = None, *, dtype: str = "float32",
                  log_dir: str | Path | None = None, secret: str | None = None,
-                 cpus: int | None = None) -> None:
+                 cpus: int | None = None, engine_factory: Callable[[int], Any] | None = None) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.engine.protocol import context_length_of
@@ -71,6 +78,7 @@ class RolloutManager:
         self.dtype = dtype  # the model's: engines serve the weights the trainer holds
         self.secret = secret or run_secret()
         self.cpus = cpus
+        self.engine_factory = engine_factory
         self.watch: Any = None
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.renderer = ChatRenderer(tokenizer, **self.settings.chat_template_kwargs)
@@ -105,28 +113,14 @@ class RolloutManager:
         from agentrl.rollout.router import EngineWatch, SmgRouter
 
         s = self.settings
-        if s.engine == "embedded":
-            from agentrl.engine.launch import EngineProcess, threads_per_engine
-
-            threads = threads_per_engine(s.num_engines, self.cpus)
-
-            def make() -> Any:
-                return EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args, log_dir=self.log_dir,
-                                     secret=self.secret, threads=threads)
-        elif s.engine == "sglang":
-            from agentrl.engine.sglang import SGLangProcess
-
-            def make() -> Any:
-                return SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args, log_dir=self.log_dir,
-                                     secret=self.secret)
-        else:
-            raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
+        count = len(s.engine_urls) if s.engine_urls else s.num_engines
+        make = self._engine_maker()
         try:
-            self.engines = [make() for _ in range(s.num_engines)]
+            self.engines = [make(i) for i in range(count)]
             for engine in self.engines:
                 engine.start()
             for engine in self.engines:
-                engine.wait_healthy(timeout)
+                engine.wait_healthy(min(timeout, EXTERNAL_HEALTH_TIMEOUT_S) if s.engine_urls else timeout)
             self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir,
                                     secret=self.secret).start(timeout)
             self.watch = EngineWatch(self.router, self.engines, restart=self.settings.restart_dead_engines).start()
@@ -135,9 +129,42 @@ class RolloutManager:
             raise
         return self
 
+    def _engine_maker(self) -> Callable[[int], Any]:
+        s = self.settings
+        if s.engine_urls:
+            from agentrl.engine.launch import ExternalEngine
+
+            return lambda i: ExternalEngine(s.engine_urls[i], secret=self.secret)
+        if self.engine_factory is not None:
+            return self.engine_factory
+        if s.engine == "embedded":
+            from agentrl.engine.launch import EngineProcess, threads_per_engine
+
+            threads = threads_per_engine(s.num_engines, self.cpus)
+            return lambda i: EngineProcess(self.model_dir, dtype=self.dtype, extra_args=s.engine_args,
+                                           log_dir=self.log_dir, secret=self.secret, threads=threads)
+        if s.engine == "sglang":
+            from agentrl.engine.sglang import SGLangProcess
+
+            return lambda i: SGLangProcess(self.model_dir, dtype=self.dtype, sglang_args=s.engine_args,
+                                           log_dir=self.log_dir, secret=self.secret)
+        raise ValueError(f"unknown engine {s.engine!r}: choose 'embedded' or 'sglang'")
+
     @property
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
+
+    def engine_kinds(self) -> dict[str, str]:
+        """Each engine's kind by url: ``agentrl-embedded`` or ``sglang`` (for a running server: what its
+        ``/server_info`` says; only agentrl's engine advertises the delta routes)."""
+        kinds = {}
+        for engine in self.engines:
+            info = getattr(engine, "info", None)
+            if info is not None:
+                kinds[engine.url] = str(info.get("engine") or "sglang")
+            else:
+                kinds[engine.url] = "agentrl-embedded" if self.settings.engine == "embedded" else "sglang"
+        return kinds
 
     async def aclose_client(self) -> None:
         """Close the HTTP pool; call from the event loop that used it, before :meth:`shutdown`."""

@@ -19,6 +19,8 @@ class RolloutSettings(Settings):
     engine_args: list[str] = Field(default_factory=list,
                                    description="extra engine / sglang.launch_server flags, e.g. --tp-size 2")
     num_engines: int = Field(2, ge=1, description="engine processes behind the smg router")
+    engine_urls: list[str] = Field(default_factory=list,
+                                   description="servers already running (agentrl serve or SGLang) to use instead of starting num_engines")
     prompts_per_step: int = Field(8, ge=1, description="tasks per GRPO step")
     samples_per_prompt: int = Field(8, ge=1, description="episodes per task (the GRPO group size)")
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature; the trainer's log-probs use it too")
@@ -60,6 +62,19 @@ class RolloutSettings(Settings):
         if clash:
             raise ValueError(f"{clash} are set by the renderer itself, not by chat_template_kwargs")
         return kwargs
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls_are_http(cls, urls: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+                raise ValueError(f"engine_urls: {url!r} is not an http://host:port url")
+        if len(set(u.rstrip("/") for u in urls)) != len(urls):
+            raise ValueError(f"engine_urls lists a server twice: {urls}")
+        return [u.rstrip("/") for u in urls]
 
     @field_validator("policy")
     @classmethod

@@ -34,9 +34,19 @@ class TrainerRank:
     """One Megatron rank: GRPO steps, weight export + sync to the engines, checkpoints."""
 
     def __init__(self, model_dir: str, trainer_config: dict[str, Any], temperature: float, rank: int,
-                 world_size: int, master_port: int) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+                 world_size: int, master_port: int, master_addr: str = "127.0.0.1",
+                 gpu_ids: list[int] | None = None) -> None:
+        """``master_addr``: rank 0's node (its IP on a cluster). ``gpu_ids``: the GPUs Ray assigned this
+        rank (``[]``: none, so CUDA is hidden); a rank given GPUs where CUDA is absent refuses to start."""
+        from agentrl.run.placement import here, require_cuda, visible_devices
+
+        self.where_ = {**here(), "rank": rank, "master_addr": master_addr}
+        if gpu_ids is not None:  # before torch initialises CUDA: a 0-GPU Ray actor would otherwise see all
+            os.environ.update(visible_devices(gpu_ids))
+            self.where_["gpu_ids"] = list(gpu_ids)
+            require_cuda(f"trainer rank {rank}", gpu_ids, self.where_["node_id"])
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if gpu_ids else str(rank),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         from agentrl.trainer.actor import MegatronTrainer
         from agentrl.trainer.trainer_config import TrainerConfig
 
@@ -46,6 +56,10 @@ class TrainerRank:
                                        temperature=temperature)
         self._sync: Any = None
         self._sync_target: tuple[str, list[str], dict[str, Any]] | None = None
+
+    def where(self) -> dict[str, Any]:
+        """This rank's node, node IP and GPU ids (what the run's placement record shows)."""
+        return dict(self.where_)
 
     def configure_sync(self, mode: str, engine_urls: list[str], options: dict[str, Any]) -> None:
         """Where :meth:`sync_weights` sends to; set once per run (and again if the engines change)."""
@@ -101,15 +115,35 @@ class RolloutWorker:
     the engines)."""
 
     def __init__(self, model_dir: str, env_path: str, settings: dict[str, Any], *, dtype: str = "float32",
-                 group_filter: str = "agentrl.rollout.buffer:has_reward_variance", log_dir: str | None = None) -> None:
+                 group_filter: str = "agentrl.rollout.buffer:has_reward_variance", log_dir: str | None = None,
+                 engine_slots: list[Any] | None = None, cpus_per_engine: int = 1) -> None:
+        """``engine_slots`` (:class:`agentrl.run.placement.Slot`): start engine ``i`` on ``engine_slots[i]``'s
+        node (:mod:`agentrl.run.engine_host`); without them the engines are this actor's children."""
         self.settings = RolloutSettings.model_validate(settings)
+        factory = None
+        if engine_slots:
+            from agentrl.run.engine_host import host_factory
+
+            factory = host_factory(engine_slots, kind=self.settings.engine, model_dir=model_dir, dtype=dtype,
+                                   engine_args=self.settings.engine_args, log_dir=log_dir, threads=cpus_per_engine)
         self.manager = RolloutManager(model_dir, load_function(env_path), self.settings, dtype=dtype,
-                                      log_dir=log_dir)
+                                      log_dir=log_dir, engine_factory=factory)
         self.buffer = DataBuffer(load_function(group_filter))
         self.manager.start()
 
     def engine_urls(self) -> list[str]:
         return self.manager.engine_urls
+
+    def engine_kinds(self) -> dict[str, str]:
+        return self.manager.engine_kinds()
+
+    def where(self) -> list[dict[str, Any]]:
+        """Each engine's url, node, node IP and GPU ids (engines started here are on this actor's node)."""
+        from agentrl.run.placement import here
+
+        local = here()
+        return [{"engine": i, "url": e.url, **(e.where() if hasattr(e, "where") else {**local, "gpu_ids": []})}
+                for i, e in enumerate(self.manager.engines)]
 
     async def rollout(self, tasks: list[Any], examples: int = 0, trainer_version: int | None = None,
                       ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
@@ -211,14 +245,22 @@ def remote(cls: type, **options: Any) -> Any:
 
 
 def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], temperature: float, n_ranks: int,
-                        use_gpu: bool = False) -> list[Any]:
-    """One :class:`TrainerRank` actor per rank, packed in a placement group (1 CPU or GPU per bundle)."""
+                        use_gpu: bool = False, *, plan: Any = None) -> list[Any]:
+    """One :class:`TrainerRank` actor per rank. With ``plan`` (:class:`agentrl.run.placement.Plan`) rank
+    ``r`` goes to ``plan.trainers[r]``, sees exactly its GPUs, and rendezvous at rank 0's node; without it
+    the ranks are packed in a new placement group (1 CPU or GPU per bundle) on this machine."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from agentrl.engine.launch import free_port
 
+    if plan is not None:
+        port = plan.master_port()
+        actor_cls = remote(TrainerRank, num_cpus=1)  # each slot's own resources replace these
+        return [actor_cls.options(**slot.scheduling()).remote(
+                    str(model_dir), trainer_config, temperature, r, n_ranks, port, plan.master_addr, slot.gpu_ids)
+                for r, slot in enumerate(plan.trainers)]
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = placement_group([bundle] * n_ranks, strategy="PACK")
     ray.get(group.ready())

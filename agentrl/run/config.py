@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from agentrl.plugins import load_function, resolve
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.run.data import DataSection, FunctionTasks, TaskSource, is_data_path, load_dataset_tasks
+from agentrl.run.placement import RaySettings
 from agentrl.run.warmup import WarmupConfig
 from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.trainer_config import TrainerConfig
@@ -79,6 +80,7 @@ class RunConfig(Settings):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the Megatron trainer")
     eval: EvalSection = Field(default_factory=EvalSection, description="held-out evaluation")
+    ray: RaySettings = Field(default_factory=RaySettings, description="the Ray cluster and what each rank and engine reserves (docs/cluster.md)")
 
     @field_validator("tasks")
     @classmethod

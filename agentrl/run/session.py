@@ -55,6 +55,8 @@ class Run:
         self.first_step = 0
         self.rollout: Any = None
         self.trainers: list[Any] = []
+        self.plan: Any = None  # agentrl.run.placement.Plan: the placement groups and slots
+        self.placement: dict[str, Any] = {}  # where every engine and rank runs (in the first metric row)
         self._deadline = float("inf")
         self.best: tuple[float, int] | None = None  # (best_metric, step)
 
@@ -71,22 +73,31 @@ class Run:
         self.log_dir.mkdir(exist_ok=True)
         print(f"agentrl train: output in {self.out}, process logs in {self.log_dir}", flush=True)
         from agentrl.engine.auth import SECRET_ENV, run_secret
+        from agentrl.run import placement
 
-        # Every actor gets the run's engine secret: engines require it on their weight and control
-        # routes, the router on its control plane, and the trainer's weight sync sends it.
-        ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", SECRET_ENV: run_secret()}})
+        # Every actor, on every node, gets the run's engine secret (the job's runtime env): engines require
+        # it on their weight and control routes, the router on its control plane, the weight sync sends it.
+        cluster = placement.connect(cfg.ray, env_vars={"TOKENIZERS_PARALLELISM": "false", SECRET_ENV: run_secret()},
+                                    default_cpus=max(4, cfg.trainer_ranks + 1))
         try:
+            self.plan = placement.reserve_for(cfg, cluster)
             base = base_model_dir(cfg)
-            self.rollout = remote(RolloutWorker, num_cpus=0).remote(
+            self.rollout = remote(RolloutWorker, num_cpus=0).options(**placement.on_this_node()).remote(
                 str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.model.dtype,
-                group_filter=cfg.group_filter, log_dir=str(self.log_dir))
+                group_filter=cfg.group_filter, log_dir=str(self.log_dir), **self.plan.rollout_kwargs())
+            engines = ray.get(self.rollout.where.remote())
+            placement.check_sync_support(cfg.sync_mode, cfg.sync_options, ray.get(self.rollout.engine_kinds.remote()))
             model_dir = warm_model_dir(cfg, base, self.rollout, self.tasks, self.heldout,
                                        None if self.resume else self.log)
             self.trainers = start_trainer_group(model_dir, cfg.trainer.model_dump(), cfg.rollout.temperature,
-                                                cfg.trainer_ranks)
+                                                cfg.trainer_ranks, plan=self.plan)
+            ranks = ray.get([t.where.remote() for t in self.trainers])
+            self.placement = placement.placement_record(cluster, engines, ranks)
+            print(f"agentrl train: placement: {placement.describe(self.placement)}", flush=True)
+            placement.check_reachable(cfg.sync_mode, cfg.sync_options, engines, ranks[0])
             urls = ray.get(self.rollout.engine_urls.remote())
-            ray.get([t.configure_sync.remote(cfg.sync_mode, urls, cfg.sync_options) for t in self.trainers])
+            options = placement.sync_options_for(cfg.sync_mode, cfg.sync_options, self.plan)
+            ray.get([t.configure_sync.remote(cfg.sync_mode, urls, options) for t in self.trainers])
             self._start(model_dir)
         except BaseException:
             self.__exit__()
@@ -106,10 +117,11 @@ class Run:
         self.update_weights(self.first_step)  # engines serve exactly the trainer's weights before any sample
         if not self.resume:
             evaluation = self.evaluate()
-            self.log.write({"step": 0, "model_dir": str(model_dir), **evaluation})
+            self.log.write({"step": 0, "model_dir": str(model_dir), "placement": self.placement, **evaluation})
             self._keep_if_best(0, evaluation)
             self.save(0)
         else:
+            self._placement_due = True  # the resumed run records where it runs in its first row
             scored = [(r[self.cfg.eval.best_metric], r["step"]) for r in self.log.rows()
                       if "step" in r and self.cfg.eval.best_metric in r]
             self.best = max(scored, key=lambda b: (b[0], -b[1])) if scored else None
@@ -125,6 +137,9 @@ class Run:
                 ray.get(self.rollout.shutdown.remote())
         finally:
             self.trainers, self.rollout = [], None
+            if self.plan is not None:
+                self.plan.remove()
+                self.plan = None
             ray.shutdown()
             for tracker in self.trackers:
                 tracker.close()
@@ -217,5 +232,7 @@ class Run:
             metrics.update(evaluation)
             self._keep_if_best(step, evaluation)
             self.save(step)
+        if getattr(self, "_placement_due", False):
+            metrics["placement"], self._placement_due = self.placement, False
         self.log.write({"step": step, **metrics})
         return last
