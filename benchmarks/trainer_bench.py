@@ -4,14 +4,23 @@ CPU (runs anywhere, tiny shape)::
 
     python3 benchmarks/trainer_bench.py --shape tiny --steps 5 --threads 1
 
+The main job's trainer step on CPU, before (padded, a separate behaviour forward) and after (packed, the
+behaviour log-probs from the training forward), interleaved in one process so both see the same load::
+
+    python3 benchmarks/trainer_bench.py --batch mainjob --threads 1 --steps 9 --attention sdpa \
+        --variants padded:fresh packed:reuse --out benchmarks/results/trainer_bench_mainjob_cpu.json
+
 GPU (one H200; random-init Qwen2 shapes in bf16, 8k tokens per micro-batch, local vs SDPA attention)::
 
     python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 \\
         --seq-len 2048 --seqs-per-microbatch 4 --attention sdpa local
 
-A train step = one no-grad forward (behaviour log-probs) + forward/backward + Adam, as in GRPO.
-MFU counts the model FLOPs of all three passes (4 x forward) against ``--peak-tflops`` (H200 dense bf16:
-989). Prints a table and writes ``benchmarks/results/trainer_bench.json``.
+A train step = one no-grad forward (behaviour log-probs; ``:reuse`` takes them from the training forward
+instead) + forward/backward + Adam, as in GRPO. MFU counts the model FLOPs of the passes run (4 x forward,
+3 x with ``:reuse``) against ``--peak-tflops`` (H200 dense bf16 datasheet: 989; a bf16 matmul measures
+about 790 there, see ``--matmul-peak``). Variants are timed interleaved (step of A, step of B, ...): wall
+time and, on CPU, this process's CPU time, which a busy shared machine inflates less. Prints a table and
+writes ``benchmarks/results/trainer_bench.json``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,23 @@ def forward_flops_per_token(cfg, seq_len: int) -> float:
     return L * (2 * (qkv + proj + mlp) + attn) + 2 * h * v
 
 
+def mainjob_batch(vocab: int, n_seqs: int = 80, seed: int = 0) -> list[dict]:
+    """Shaped like a step of the arithmetic main job (examples/arithmetic): about 80 samples after the
+    group filter, ~30 prompt tokens, 55-95 response tokens of which a ~12-token tool reply is not
+    trained (the expert conversation tokenises to 103-105 tokens; ~47 trained tokens per sample)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_seqs):
+        prompt, resp = rng.randrange(28, 35), rng.randrange(55, 96)
+        tool = rng.randrange(10, 15)
+        cut = rng.randrange(15, resp - tool - 5)
+        mask = [1] * cut + [0] * tool + [1] * (resp - cut - tool)
+        out.append(dict(tokens=[rng.randrange(3, vocab) for _ in range(prompt + resp)], response_start=prompt,
+                        loss_mask=mask, rollout_logprobs=[-1.0] * resp, reward=float(rng.random() < 0.3),
+                        group_id=i // 8))
+    return out
+
+
 def synthetic_batch(n_seqs: int, seq_len: int, vocab: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     prompt = seq_len // 4
@@ -73,52 +99,102 @@ def peak_memory_gib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (process RSS)
 
 
-def run_one(args, attention: str) -> dict:
-    import torch
-
+def build_trainer(args, cfg, attention: str, layout: str, behaviour: str):
     from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.trainer.losses import LossConfig
     from agentrl.trainer.trainer_config import TrainerConfig
 
-    cfg = hf_config(args.shape, args.seq_len)
-    n_mb = args.microbatches
-    tokens_per_mb = args.seq_len * args.seqs_per_microbatch
     trainer = MegatronTrainer(None, TrainerConfig(
-        dtype=args.dtype, attention=attention, lr=1e-6, max_tokens_per_microbatch=tokens_per_mb,
-        recompute=args.recompute, use_distributed_optimizer=False, tp_size=args.tp_size,
+        dtype=args.dtype, attention=attention, lr=args.lr, max_tokens_per_microbatch=args.tokens_per_microbatch,
+        recompute=args.recompute, use_distributed_optimizer=False, tp_size=args.tp_size, packing=layout,
+        loss=LossConfig(kl_coef=args.kl_coef), lr_warmup_steps=0,
     ), hf_config=cfg)
-    batch = synthetic_batch(args.seqs_per_microbatch * n_mb, args.seq_len, cfg.vocab_size)
+    if behaviour == "fresh":  # the code before: a separate no-grad forward for the behaviour log-probs
+        trainer._old_from_train_forward = lambda n_chunks: False
+    return trainer
+
+
+def count_forwards(trainer, batch) -> tuple[int, int]:
+    """(model tokens per forward pass over the batch, forward-equivalents per step: fwd+bwd counts 3)."""
+    mbs = trainer._micro_batches(batch)
+    tokens = sum(mb.model_tokens.numel() for mb in mbs)
+    passes = 3 + (0 if trainer._old_from_train_forward(1) else 1) + (1 if trainer.ref_model is not None else 0)
+    return tokens, passes
+
+
+def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
+    import torch
+
+    cfg = hf_config(args.shape, args.seq_len)
+    if args.batch == "mainjob":
+        batch = mainjob_batch(cfg.vocab_size)
+    else:
+        batch = synthetic_batch(args.seqs_per_microbatch * args.microbatches, args.seq_len, cfg.vocab_size)
+    real_tokens = sum(len(s["tokens"]) for s in batch)
+    trainers = [build_trainer(args, cfg, *v) for v in variants]
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    for t in trainers:
+        t.train_step(batch)  # warm-up (allocator, kernels)
+    walls: list[list[float]] = [[] for _ in trainers]
+    cpus: list[list[float]] = [[] for _ in trainers]
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    trainer.train_step(batch)  # warm-up (allocator, kernels)
-    times = []
     for _ in range(args.steps):
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        trainer.train_step(batch)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    step_s = sorted(times)[len(times) // 2]
-    tokens = len(batch) * args.seq_len  # the global batch: every rank receives it, DP ranks split it
+        for k, t in enumerate(trainers):
+            sync()
+            w0, c0 = time.perf_counter(), time.process_time()
+            t.train_step(batch)
+            sync()
+            walls[k].append(time.perf_counter() - w0)
+            cpus[k].append(time.process_time() - c0)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    flops = 4 * forward_flops_per_token(cfg, args.seq_len) * tokens / world  # per GPU, for MFU
-    result = dict(
-        shape=args.shape, device=args.device, dtype=args.dtype, attention=attention, seq_len=args.seq_len,
-        world_size=world, tp_size=args.tp_size,
-        tokens_per_microbatch=tokens_per_mb, microbatches=n_mb, recompute=args.recompute,
-        params_m=sum(p.numel() for p in trainer.gpt.parameters()) / 1e6,
-        step_s=step_s, tokens_per_s=tokens / step_s, achieved_tflops=flops / step_s / 1e12,
-        mfu=(flops / step_s / 1e12 / args.peak_tflops) if args.peak_tflops else None,
-        peak_mem_gib=peak_memory_gib(args.device),
-    )
-    del trainer
+    rows = []
+    for (attention, layout, behaviour), t, wall, cpu in zip(variants, trainers, walls, cpus, strict=True):
+        step_s = sorted(wall)[len(wall) // 2]
+        cpu_s = sorted(cpu)[len(cpu) // 2]
+        model_tokens, passes = count_forwards(t, batch)
+        # Model FLOPs: real tokens only (padding is waste, not work); attention at the batch's mean length.
+        mean_len = real_tokens / len(batch)
+        flops = passes * forward_flops_per_token(cfg, mean_len) * real_tokens / world
+        rows.append(dict(
+            shape=args.shape, device=args.device, dtype=args.dtype, attention=attention, layout=layout,
+            behaviour_logprobs=behaviour, batch=args.batch, seq_len=args.seq_len, samples=len(batch),
+            real_tokens=real_tokens, model_tokens_per_pass=model_tokens, forward_equivalents=passes,
+            world_size=world, tp_size=args.tp_size, kl_coef=args.kl_coef,
+            tokens_per_microbatch=args.tokens_per_microbatch, recompute=args.recompute,
+            params_m=sum(p.numel() for p in t.gpt.parameters()) / 1e6,
+            step_s=step_s, step_s_all=wall, cpu_s=cpu_s if args.device == "cpu" else None,
+            tokens_per_s=real_tokens / step_s, achieved_tflops=flops / step_s / 1e12,
+            mfu=(flops / step_s / 1e12 / args.peak_tflops) if args.peak_tflops else None,
+            mfu_of_matmul_peak=(flops / step_s / 1e12 / args.matmul_peak) if args.matmul_peak else None,
+            peak_mem_gib=peak_memory_gib(args.device),
+        ))
+    del trainers
     import gc
 
-    gc.collect()  # drop the optimizer / DDP buffers before the next attention variant allocates its own
+    gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
-    return result
+    return rows
+
+
+def measure_matmul_peak() -> float:
+    """bf16 TFLOP/s of a large random 8192^3 matmul on this GPU (median of 20, after warm-up)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(20):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        a @ b
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    return 2 * 8192**3 / sorted(times)[len(times) // 2] / 1e12
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--attention", nargs="+", default=["sdpa", "local"], choices=["sdpa", "local", "te"])
+    parser.add_argument("--variants", nargs="+", default=["auto:reuse"],
+                        help="layout:behaviour pairs; layout auto|packed|padded, behaviour reuse (log-probs of "
+                             "the training forward) or fresh (a separate forward, the code before)")
+    parser.add_argument("--batch", choices=["synthetic", "mainjob"], default="synthetic",
+                        help="synthetic: equal lengths (--seq-len); mainjob: the arithmetic main job's shape")
+    parser.add_argument("--kl-coef", type=float, default=None, help="default 0.001 for mainjob (a reference "
+                        "forward, as the main job), else 0")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--matmul-peak", type=float, default=None,
+                        help="bf16 matmul TFLOP/s for MFU; default on cuda: measured here (8192^3)")
     parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
     parser.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default 989 on cuda (H200)")
     parser.add_argument("--threads", type=int, default=None,
@@ -143,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.seq_len = args.seq_len or (2048 if args.device == "cuda" else 128)
     args.seqs_per_microbatch = args.seqs_per_microbatch or 4
+    args.tokens_per_microbatch = 8192 if args.batch == "mainjob" else args.seq_len * args.seqs_per_microbatch
+    if args.kl_coef is None:
+        args.kl_coef = 0.001 if args.batch == "mainjob" else 0.0
     if args.peak_tflops is None and args.device == "cuda":
         args.peak_tflops = 989.0
     if args.device == "cuda":
@@ -157,25 +246,39 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
 
+    if args.device == "cuda" and args.matmul_peak is None:
+        args.matmul_peak = measure_matmul_peak()
     rows = []
     for attention in args.attention:
+        variants = [(attention, *v.split(":")) for v in args.variants]
+        for _, layout, behaviour in variants:
+            if layout not in ("auto", "packed", "padded") or behaviour not in ("reuse", "fresh"):
+                parser.error(f"--variants: {layout}:{behaviour} is not layout:behaviour")
+        if attention == "local":  # local attention runs padded only
+            variants = [(a, "padded", b) for a, _, b in variants]
+            variants = list(dict.fromkeys(variants))
         try:
-            rows.append(run_one(args, attention))
+            rows.extend(run_variants(args, variants))
         except Exception as exc:  # e.g. OOM for the local spec at long sequences: report, keep going
             rows.append(dict(shape=args.shape, attention=attention, error=f"{type(exc).__name__}: {exc}"[:300]))
     import os
 
     if int(os.environ.get("RANK", "0")) != 0:
         return 0 if all("error" not in r for r in rows) else 1
-    header = f"{'shape':<11} {'attn':<6} {'dtype':<9} {'tok/mb':>7} {'tok/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}"
+    header = (f"{'shape':<11} {'attn':<5} {'variant':<13} {'dtype':<9} {'tokens':>6} {'model tok':>9} {'step s':>7} "
+              f"{'cpu s':>6} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'of mm':>6} {'peak GiB':>8}")
     print(header)
     for r in rows:
         if "error" in r:
-            print(f"{r['shape']:<11} {r['attention']:<6} ERROR {r['error']}")
+            print(f"{r['shape']:<11} {r['attention']:<5} ERROR {r['error']}")
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['shape']:<11} {r['attention']:<6} {r['dtype']:<9} {r['tokens_per_microbatch']:>7} "
-              f"{r['tokens_per_s']:>10.0f} {r['achieved_tflops']:>8.3f} {mfu:>6} {r['peak_mem_gib']:>9.2f}")
+        of_mm = f"{100 * r['mfu_of_matmul_peak']:.1f}%" if r["mfu_of_matmul_peak"] is not None else "n/a"
+        cpu = f"{r['cpu_s']:.3f}" if r["cpu_s"] is not None else "n/a"
+        variant = f"{r['layout']}:{r['behaviour_logprobs']}"
+        print(f"{r['shape']:<11} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
+              f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
+              f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))

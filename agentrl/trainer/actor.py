@@ -275,9 +275,14 @@ class MegatronTrainer:
         local = self._local_indices(len(samples), self.dp_rank)
         local_samples = [samples[i] for i in local]
 
-        # Behaviour / reference log-probs before any update (one forward over the local slice).
+        # Behaviour / reference log-probs before any update (one forward over the local slice). With one
+        # mini-batch and no KL in the reward, the training forward itself runs at these weights on these
+        # micro-batches: its detached log-probs are the behaviour log-probs (the same values), one
+        # forward fewer.
         mbs = self._micro_batches(local_samples)
-        old = (self._logprobs_per_mb(self.model, mbs) if cfg.old_logprobs == "train"
+        chunks = self._minibatch_chunks(local, len(samples))
+        old_from_train = self._old_from_train_forward(len(chunks))
+        old = (None if old_from_train else self._logprobs_per_mb(self.model, mbs) if cfg.old_logprobs == "train"
                else [mb.rollout_logprobs.to(self.device) for mb in mbs])
         ref = self._logprobs_per_mb(self.ref_model, mbs) if self.ref_model is not None else None
         if cfg.kl_in_reward:
@@ -293,14 +298,13 @@ class MegatronTrainer:
             metrics_out["credit_withheld_tokens"] = float(before - sum(sum(sample_field(s, "loss_mask"))
                                                                        for s in samples))
 
-        old_by_sample = self._per_sample(mbs, old, local)
+        old_by_sample = self._per_sample(mbs, old, local) if old is not None else None
         ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
 
         # With KL in the reward, the loss must not add it a second time.
         loss_cfg = cfg.loss.model_copy(update={"kl_coef": 0.0}) if cfg.kl_in_reward else cfg.loss
         totals: dict[str, float] = {}
         token_weight = 0.0
-        chunks = self._minibatch_chunks(local, len(samples))
         nonfinite = 0
         for chunk_no, chunk in enumerate(chunks):
             chunk_samples = [samples[i] for i in chunk]
@@ -315,10 +319,10 @@ class MegatronTrainer:
             chunk_loss = 0.0
             for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
                 ids = [chunk[j] for j in mb.index]
-                old_lp = _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
                 logits = self._forward(self.model, mb)
                 lp = mb.unpack(token_logprobs(logits, mb.model_tokens, self.temperature))
+                old_lp = lp.detach() if old_from_train else _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
                 # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
                 with torch.set_grad_enabled(loss_cfg.entropy_coef != 0):
                     entropy = mb.unpack(vocab_parallel_entropy(logits, self.temperature))
@@ -358,6 +362,13 @@ class MegatronTrainer:
         metrics_out["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
         metrics_out["step"] = float(self.step)
         return metrics_out
+
+    def _old_from_train_forward(self, n_chunks: int) -> bool:
+        """Whether the behaviour log-probs can be the training forward's own: a fresh forward is asked for
+        (``old_logprobs="train"``), the batch is one mini-batch (so no step precedes its forward), and no
+        KL in the reward needs them before the advantages."""
+        cfg = self.config
+        return cfg.old_logprobs == "train" and n_chunks == 1 and not cfg.kl_in_reward
 
     def _all_finite(self, loss: float) -> bool:
         """Whether ``loss`` and every gradient are finite on every rank (all must agree to step or not)."""

@@ -119,3 +119,28 @@ def test_packing_with_local_attention_is_refused_early():
 
     assert resolve_packing("auto", "local") is False and resolve_packing("auto", "sdpa") is True
     assert resolve_packing("padded", "sdpa") is False
+
+
+@pytest.mark.parametrize("packing", ["packed", "padded"])
+def test_behaviour_log_probs_from_the_training_forward_train_bitwise_like_a_fresh_forward(tiny_dir, monkeypatch,
+                                                                                           packing):
+    """One mini-batch: the training forward's detached log-probs replace the separate behaviour forward.
+    Same weights, same micro-batches, same kernels: the step is bitwise the one with the extra forward."""
+    from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.trainer.losses import LossConfig
+
+    samples = synthetic_samples(n_groups=3, per_group=4, seed=6)
+    cfg = TrainerConfig(packing=packing, max_tokens_per_microbatch=64, lr=1e-3, loss=LossConfig(kl_coef=0.01))
+    reused, fresh = MegatronTrainer(tiny_dir, cfg), MegatronTrainer(tiny_dir, cfg)
+    assert reused._old_from_train_forward(1) and not reused._old_from_train_forward(2)
+    monkeypatch.setattr(fresh, "_old_from_train_forward", lambda n_chunks: False)
+    calls = {"reused": 0, "fresh": 0}
+    for name, t in (("reused", reused), ("fresh", fresh)):
+        forward = t._forward
+        monkeypatch.setattr(t, "_forward", lambda model, mb, f=forward, n=name: (calls.__setitem__(n, calls[n] + 1), f(model, mb))[1])
+    m_reused, m_fresh = reused.train_step(samples), fresh.train_step(samples)
+    assert calls["fresh"] - calls["reused"] == len(reused._micro_batches(samples))  # one forward fewer per micro-batch
+    assert m_reused == m_fresh
+    fresh_w = dict(fresh.export_hf_named_tensors())
+    for name, w in reused.export_hf_named_tensors():
+        assert torch.equal(w, fresh_w[name]), name
