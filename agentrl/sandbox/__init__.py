@@ -38,6 +38,7 @@ _EXPORTS = {
     "make_sandbox": "agentrl.sandbox.backend",
     "Grader": "agentrl.sandbox.grader",
     "GradeResult": "agentrl.sandbox.grader",
+    "PooledGrader": "agentrl.sandbox.pooled_grader",
 }
 
 __all__ = sorted(_EXPORTS)

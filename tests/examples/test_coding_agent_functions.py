@@ -1,0 +1,374 @@
+"""The trainable coding agent (``examples/coding_agent/config.yaml``): the one-liner task family, the
+``FunctionEnv`` tools and reward in Docker sandboxes, the pooled grader, the sandbox metrics, an episode
+whose sandbox is killed (failed and dropped, never a reward of 0), and the example trained for two GRPO
+steps at toy size with no container left behind.
+
+Tests marked ``docker`` need the Docker engine and the sandbox image (``bash scripts/docker_setup``):
+under CI they fail when either is missing, elsewhere they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.envs import generate_rollout, run_episode
+from agentrl.envs.formats import HermesFormat, ToolCall
+from agentrl.envs.scripted import ScriptedPolicy
+from agentrl.rollout.buffer import DataBuffer
+from agentrl.trajectory import verify_session
+from examples.coding_agent import oneliners
+from examples.coding_agent.function_env import (
+    LABELS,
+    NO_SOLUTION,
+    SAVED,
+    FunctionEnv,
+    SandboxFailure,
+    expert_messages,
+    expert_replies,
+    make_tasks,
+    solution_module,
+)
+from examples.coding_agent.meter import SandboxMeter, percentile
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "coding_agent" / "config.yaml"
+TOKENIZER_DIR = REPO / "tests" / "assets" / "tiny_tokenizer"
+FMT = HermesFormat()
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    from agentrl.sandbox.engine_setup import docker_problem as problem
+
+    return problem()
+
+
+def require_docker() -> None:
+    problem = docker_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+@pytest.fixture
+def docker() -> None:
+    require_docker()
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    from transformers import AutoTokenizer
+
+    from agentrl.envs.render import ChatRenderer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(TOKENIZER_DIR))
+
+
+@pytest.fixture(scope="module")
+def sandboxes():
+    """A small agent pool and pooled grader for this module, removed at its end."""
+    require_docker()
+    from agentrl.sandbox import PooledGrader, SandboxPool
+    from agentrl.sandbox.backend import make_sandbox
+
+    pool = SandboxPool(size=2, factory=lambda: make_sandbox("docker", labels=LABELS, role="pool"))
+    grader = PooledGrader(size=1, backend="docker", labels=LABELS, max_uses=100)
+    with pool, grader:
+        yield pool, grader
+
+
+def call(name: str, **arguments) -> str:
+    return FMT.render_calls([ToolCall(name, arguments)])
+
+
+def play(renderer, task, replies, sandboxes, env_cls=FunctionEnv):
+    pool, grader = sandboxes
+    policy = ScriptedPolicy(renderer.tokenizer, replies)
+    env = env_cls(pool=pool, grader=grader)
+    result = asyncio.run(run_episode(env, task, policy, renderer, session_id="ep"))
+    verify_session(result.samples, policy.turns["ep"])
+    return result, env
+
+
+def tool_messages(result) -> list[str]:
+    return [m["content"] for m in result.messages if m["role"] == "tool"]
+
+
+def docker_api():
+    from agentrl.sandbox.docker_client import docker_client
+
+    return docker_client().api
+
+
+# ---- the task family (no Docker) ---------------------------------------------------------------------
+def test_tasks_are_seeded_disjoint_and_hide_their_tests():
+    assert make_tasks(20, seed=3) == make_tasks(20, seed=3) != make_tasks(20, seed=4)
+    train = {oneliners.spec_key(t["spec"]) for t in make_tasks(3000, seed=0, split="train", level=2)}
+    held = {oneliners.spec_key(t["spec"]) for t in make_tasks(300, seed=0, split="heldout", level=2)}
+    assert train and held and not train & held  # held-out specs are never trained on
+    for task in make_tasks(50, seed=1, split="heldout", level=2):
+        assert task["family"] == "oneliner" and "test" not in json.dumps(task)  # no hidden test in the task
+        visible = task["examples"][0]["call"]
+        assert f">>> {visible}" in task["prompt"]
+        tests = oneliners.hidden_tests(task)["test_solution.py"]
+        assert tests.count("def test_") == oneliners.HIDDEN_CASES and visible not in tests
+    levels = {len(t["spec"]["ops"]) for t in make_tasks(200, seed=0, level=2)}
+    assert levels == {1, 2} and {len(t["spec"]["ops"]) for t in make_tasks(200, seed=0, level=1)} == {1}
+    with pytest.raises(ValueError, match="split must be one of"):
+        make_tasks(1, split="test")
+    with pytest.raises(ValueError, match="level must be one of"):
+        make_tasks(1, level=3)
+    with pytest.raises(ValueError, match="family must be one of"):
+        make_tasks(1, family="leetcode")
+
+
+def test_reference_bodies_pass_their_hidden_tests_and_examples():
+    """Every operation's reference (run here on the host: it is our own template code) passes its
+    visible example and all hidden tests, for many seeds of both levels."""
+    import ast
+
+    for level in oneliners.LEVELS:
+        for task in make_tasks(150, seed=7, level=level):
+            namespace: dict = {}
+            exec(solution_module(task, oneliners.solution_body(task)), namespace)  # noqa: S102
+            example = task["examples"][0]
+            assert eval(example["call"], namespace) == ast.literal_eval(example["expected"])  # noqa: S307
+            tests = oneliners.hidden_tests(task)["test_solution.py"].replace("from solution import f", "")
+            exec(tests, namespace)  # noqa: S102
+            for name in [n for n in namespace if n.startswith("test_")]:
+                namespace[name]()
+    assert {op.name for op in oneliners.OPS} <= {n for t in make_tasks(2000, seed=0) for n in t["spec"]["ops"]}
+
+
+def test_config_loads_and_the_expert_chat_fits_the_tiny_context(renderer):
+    from agentrl.envs import load_function
+    from agentrl.run.config import load_config
+
+    cfg = load_config(CONFIG)
+    assert load_function(cfg.env) is FunctionEnv and load_function(cfg.expert) is expert_messages
+    assert cfg.model.max_position_embeddings == 512 and cfg.task_kwargs["family"] == "oneliner"
+    lengths = []
+    for task in make_tasks(200, seed=0, **cfg.task_kwargs):
+        chat = expert_messages(task)
+        rendered = renderer.render(chat, FunctionEnv.tool_schemas(), add_generation_prompt=False)
+        trained = [t for t, m in zip(rendered.ids, rendered.assistant_mask, strict=True) if m]
+        eos = renderer.tokenizer.eos_token
+        assert renderer.tokenizer.decode(trained, skip_special_tokens=False) == "".join(
+            r + eos for r in expert_replies(task))
+        lengths.append(len(rendered.ids))
+    assert max(lengths) < 400  # whole episodes fit 512 positions with room for longer replies
+    humaneval = make_tasks(2, seed=0, split="heldout", family="humaneval")
+    assert all(t["family"] == "humaneval" and t["prompt"] in expert_messages(t)[1]["content"] for t in humaneval)
+
+
+def test_meter_reports_counts_rates_and_percentiles():
+    meter = SandboxMeter()
+    assert percentile([5.0], 99) == 5.0 and percentile([float(i) for i in range(1, 101)], 50) == 50.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    meter.record("write", 10.0, 10.001)
+    for i in range(10):
+        meter.record("run_tests", 10.0 + i * 0.1, 10.0 + i * 0.1 + 0.01)
+    meter.record("grade", 10.5, 12.0)
+    meter.failed()
+    out = meter.report()
+    assert out["sandbox/ops"] == 12 and out["sandbox/execs"] == 11 and out["sandbox/failed_episodes"] == 1
+    assert out["sandbox/execs_per_s"] == pytest.approx(11 / 2.0)  # 11 commands over 10.0 .. 12.0 s
+    assert out["sandbox/run_tests_p50_ms"] == pytest.approx(10.0) and out["sandbox/grade_p99_ms"] == pytest.approx(1500)
+    assert out["sandbox/exec_p99_ms"] == pytest.approx(1500) and out["sandbox/exec_p50_ms"] == pytest.approx(10.0)
+    assert meter.report() == {"sandbox/failed_episodes": 0.0, "sandbox/ops": 0.0, "sandbox/execs": 0.0}  # reset
+
+
+# ---- episodes in Docker sandboxes --------------------------------------------------------------------
+@pytest.mark.docker
+def test_expert_scores_1_and_replays_its_chat(docker, renderer, sandboxes):
+    for task in [*make_tasks(3, seed=0, split="heldout", level=2), *make_tasks(1, seed=0, family="humaneval")]:
+        result, env = play(renderer, task, expert_replies(task), sandboxes)
+        assert result.metrics.reward == 1.0 and env.grade.passed, (task["task_id"], env.grade)
+        assert result.messages == expert_messages(task)  # the warm-up chat is what the env answers
+    assert sandboxes[0].idle_count == 2  # every sandbox went back
+
+
+@pytest.mark.docker
+def test_only_the_hidden_tests_decide(docker, renderer, sandboxes):
+    task = next(t for t in make_tasks(50, seed=2) if t["spec"]["ops"] == ["odd"])
+    example = task["examples"][0]
+    wrong = "return []"
+    result, env = play(renderer, task, [call("run_tests"), call("write", code=wrong), call("run_tests"),
+                                        call("submit")], sandboxes)
+    feedback = tool_messages(result)
+    assert feedback[0] == NO_SOLUTION and feedback[1] == SAVED
+    assert feedback[2].startswith("FAIL") or example["expected"] == "[]"
+    assert result.metrics.reward == 0.0 and env.grade.reason.endswith("tests failed")
+    # Hard-coding the visible example passes run_tests but not the hidden tests.
+    cheat = f"return {example['expected']}"
+    result, env = play(renderer, task, [call("write", code=cheat), call("run_tests"), call("submit")], sandboxes)
+    assert tool_messages(result)[1].endswith("1/1 examples passed") and result.metrics.reward == 0.0
+    # A body that never returns: run_tests and the grade time out; reward 0, not a failed episode.
+    result, env = play(renderer, task, [call("write", code="while True:\n    pass"), call("submit")], sandboxes)
+    assert result.metrics.reward == 0.0 and result.metrics.error is None and env.grade.reason == "timed out"
+
+
+@pytest.mark.docker
+def test_pooled_grader_agrees_with_the_fresh_grader_and_leaks_nothing(docker, sandboxes):
+    from agentrl.sandbox import Grader
+
+    _, pooled = sandboxes
+    tests = {"test_solution.py": "from solution import f\n\ndef test_a():\n    assert f(2) == 4\n"}
+    cases = {
+        "pass": "def f(x):\n    return x * 2\n",
+        "fail": "def f(x):\n    return x + 3\n",
+        "exit": "import os\nos._exit(0)\n",
+        # Leaves a process and files behind for the next grade in the same (reused) sandbox.
+        "stay": ("import os, subprocess\nopen('/tmp/planted', 'w').write('x')\nopen('sitecustomize.py', 'w').write('')\n"
+                 "subprocess.Popen(['sleep', '300'], start_new_session=True)\ndef f(x):\n    return x * 2\n"),
+    }
+    fresh = Grader(backend="docker")
+    for name, code in cases.items():
+        got, want = pooled.grade({"solution.py": code}, tests), fresh.grade({"solution.py": code}, tests)
+        assert (got.passed, got.reason) == (want.passed, want.reason), name
+    probe = ("import os\nps = [open(f'/proc/{p}/cmdline').read() for p in os.listdir('/proc') if p.isdigit()]\n"
+             "assert not os.path.exists('/tmp/planted') and not os.path.exists('sitecustomize.py')\n"
+             "assert 'sleep\\x00300\\x00' not in ps, ps\ndef f(x):\n    return x * 2\n")
+    assert pooled.grade({"solution.py": probe}, tests).passed  # the next grade found a clean sandbox
+    assert not [p for p in Path(pooled._root).iterdir() if p.name != "grade_runner.py"]  # tests removed
+
+
+def _kill_when(predicate, container_of, timeout=60.0) -> threading.Thread:
+    """Kill the container ``container_of()`` names once ``predicate()`` holds (from a thread)."""
+    def run():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not predicate():
+            time.sleep(0.01)
+        docker_api().kill(container_of())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.docker
+def test_a_killed_sandbox_fails_its_episode_and_is_dropped_from_training(docker, renderer, sandboxes):
+    """Two episodes of one group, both writing the correct body; the sandbox of one is killed between
+    its write and its run_tests. That episode fails (SandboxFailure, counted), has no sample, and the
+    group trains on the other one alone; the pool replaces the dead sandbox."""
+    pool, grader = sandboxes
+    task = make_tasks(1, seed=5)[0]
+    written = threading.Event()
+    victim: dict = {}
+
+    class Env(FunctionEnv):
+        async def write(self, code):
+            result = await FunctionEnv.write(self, code)
+            if not victim:
+                victim["container"] = (await self.sandbox()).container_id
+                victim["env"] = self
+                written.set()
+                await asyncio.to_thread(killer.join, 30)  # run_tests comes after the container is gone
+            return result
+
+    killer = _kill_when(written.is_set, lambda: victim["container"])
+    policy = ScriptedPolicy(renderer.tokenizer, expert_replies(task))
+    result = asyncio.run(generate_rollout(functools.partial(Env, pool=pool, grader=grader), [task], policy, renderer,
+                                          n_samples_per_task=2, concurrency=2))
+    failed = [e for e in result.episodes if e.metrics.error]
+    assert len(failed) == 1 and failed[0].metrics.error.startswith("SandboxFailure")
+    assert failed[0].samples == [] and victim["env"].grade is None  # never graded: no reward, not 0
+    summary = result.summary()
+    assert summary["failed"] == 1 and summary["failure_reasons"] == {"SandboxFailure": 1}
+    assert summary["reward_mean"] == 1.0  # over the episode that has a reward
+    buffer = DataBuffer(lambda group: True)
+    buffer.add_groups([[s for e in group for s in e.samples] for group in result.groups])
+    assert [s.reward for s in buffer.take()] == [1.0]
+    with pool.session() as fresh:  # the dead sandbox was replaced, the pool is whole
+        assert fresh.healthy() and pool.idle_count == 1
+
+
+@pytest.mark.docker
+def test_a_grading_sandbox_killed_mid_grade_fails_the_episode(docker, renderer, sandboxes):
+    pool, grader = sandboxes
+    task = make_tasks(1, seed=6)[0]
+    body = "import time\ntime.sleep(3)\n" + oneliners.solution_body(task)  # correct, and slow enough to kill
+    grading = []
+
+    def grader_container():
+        ids = [c["Id"] for c in docker_api().containers(filters={"label": ["agentrl.role=grader", "agentrl.example=coding_agent",
+                                                                         f"agentrl.owner_pid={os.getpid()}"]})]
+        assert len(ids) == 1
+        return ids[0]
+
+    def grading_started():
+        return bool(grading) and time.monotonic() > grading[0] + 1.0
+
+    class Env(FunctionEnv):
+        async def reward(self):
+            grading.append(time.monotonic())
+            return await FunctionEnv.reward(self)
+
+    killer = _kill_when(grading_started, grader_container)
+    with pytest.raises(SandboxFailure, match="grading"):
+        play(renderer, task, [call("write", code=body), call("submit")], sandboxes, env_cls=Env)
+    killer.join(10)
+    result, _ = play(renderer, task, expert_replies(task), sandboxes)  # the grader pool recovered
+    assert result.metrics.reward == 1.0
+
+
+@pytest.mark.docker
+def test_rollout_metrics_count_real_sandbox_executions(docker, renderer, sandboxes):
+    from examples.coding_agent import function_env
+
+    pool, grader = sandboxes
+    function_env.METER.report()  # start from zero
+    tasks = make_tasks(4, seed=8)
+    scripts = {t["prompt"]: expert_replies(t) for t in tasks}
+    policy = ScriptedPolicy(renderer.tokenizer, lambda prompt, turn: next(
+        s for p, s in scripts.items() if p in prompt)[min(turn, 2)])
+    result = asyncio.run(generate_rollout(functools.partial(FunctionEnv, pool=pool, grader=grader), tasks, policy,
+                                          renderer, concurrency=4))
+    assert [e.metrics.reward for e in result.episodes] == [1.0] * 4
+    out = FunctionEnv.rollout_metrics()
+    assert out["sandbox/execs"] == 8 and out["sandbox/ops"] == 12  # run_tests + grade each, and 4 writes
+    assert out["sandbox/execs_per_s"] > 0 and 0 < out["sandbox/exec_p50_ms"] <= out["sandbox/exec_p99_ms"]
+    assert out["sandbox/failed_episodes"] == 0
+
+
+# ---- the example, trained at toy size ----------------------------------------------------------------
+@pytest.mark.docker
+def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_path):
+    """``agentrl train examples/coding_agent/config.yaml`` for two GRPO steps at toy size: every reward
+    from a sandbox execution (env/sandbox metrics in each step row), and after the run no container of
+    this example is left on the engine."""
+    from agentrl.run.cli import main
+
+    api = docker_api()
+    label = {"label": [f"agentrl.example={LABELS['agentrl.example']}"]}
+    before = {c["Id"] for c in api.containers(all=True, filters=label)}
+    out = tmp_path / "run"
+    small = ["--cache_dir", str(tmp_path / "cache"), "--steps", "2", "--warmup.max_steps", "3",
+             "--warmup.check_every", "3", "--warmup.num_conversations", "16", "--warmup.batch_size", "8",
+             "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "2",
+             "--rollout.max_new_tokens", "24", "--eval.every", "2", "--eval.num_tasks", "4"]
+    assert main([str(CONFIG), "--output-dir", str(out), *small]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2] and "eval_accuracy" in steps[0] and "eval_accuracy" in steps[2]
+    for row in steps[1:]:
+        assert row["rollout/episodes"] == 4 and row["rollout/unproven_trained_tokens"] == 0
+        assert row["env/sandbox/pool_size"] == FunctionEnv.pool_size
+        assert row["env/sandbox/grader_pool_size"] == FunctionEnv.grader_pool_size
+        assert row["env/sandbox/containers"] == FunctionEnv.pool_size + FunctionEnv.grader_pool_size
+        graded = row["rollout/episodes"] - row["rollout/failed"]
+        assert row["env/sandbox/execs"] >= graded  # at least one grade per episode that wrote a file
+    left = [c for c in api.containers(all=True, filters=label) if c["Id"] not in before]
+    assert left == [], [c["Names"] for c in left]
