@@ -111,7 +111,10 @@ def test_print_config_shows_the_resolved_config():
 
     resolved = json.loads(proc.stdout)
     assert proc.returncode == 0 and resolved["steps"] == 3 and resolved["trainer"]["loss"]["kl_coef"] == 0.001
-    assert resolved["rollout"]["temperature"] == 0.7 and "temperature" not in resolved["trainer"]
+    import yaml
+
+    written = yaml.safe_load(open(CONFIG))["rollout"]["temperature"]
+    assert resolved["rollout"]["temperature"] == written and "temperature" not in resolved["trainer"]
 
 
 def test_the_config_reference_is_current_and_documents_every_field():
