@@ -210,7 +210,8 @@ async def run_episode(
             reply = {"role": "assistant", "content": text}
             aborted = turn.finish_reason == "abort"
             # Act before recording so the turn's metadata says whether any of its calls failed.
-            answer = thinking.split(text)[1] if thinking else text  # what the env reads: no reasoning
+            # What the env reads: no reasoning (a <think> block, or a format's own, e.g. gpt-oss's analysis).
+            answer = parsed.content if thinking or parsed.reasoning else text
             answers, ill_formed = ([], False) if aborted else await _act(
                 env, parsed, answer, metrics, fmt=fmt, foreign=foreign, tools=tools)
             outcome = manager.record_turn(

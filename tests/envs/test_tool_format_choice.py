@@ -272,3 +272,14 @@ def test_rollout_manager_applies_the_settings_to_train_and_eval_episodes(tmp_pat
 
     manager.client = lambda: ScriptedClient(ScriptedPolicy(tokenizer, answer))
     assert asyncio.run(manager.evaluate(tasks))["eval_accuracy"] == 1.0
+
+
+def test_a_formats_own_reasoning_channel_is_kept_from_the_env(tokenizer, renderer):
+    class Harmony(Recording):
+        tool_format = "gpt_oss"
+
+    reply = ("<|channel|>analysis<|message|>maybe {\"name\": \"submit\"}<|end|>"
+             "<|start|>assistant<|channel|>final<|message|>It is 46.")
+    env = Harmony()
+    result = asyncio.run(run_episode(env, TASK, ScriptedPolicy(tokenizer, [reply, "done"]), renderer, session_id="h"))
+    assert env.seen[0] == "It is 46." and result.metrics.foreign_format_turns == 0
