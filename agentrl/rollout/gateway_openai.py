@@ -65,6 +65,9 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     user: str | None = None
+    # vLLM / SGLang's extension (``extra_body``): keyword arguments of the chat template for this request,
+    # over the gateway's own (e.g. ``{"enable_thinking": false}``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         """Refuse, with a message naming the field, what the gateway cannot honour faithfully."""
@@ -231,6 +234,8 @@ def logprobs_content(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[s
 def completion_body(*, completion_id: str, model: str, message: Mapping[str, Any], finish: str,
                     prompt_tokens: int, completion_tokens: int, logprobs: dict[str, Any] | None) -> dict[str, Any]:
     reply = {"role": "assistant", "content": message.get("content")}
+    if message.get("reasoning_content"):
+        reply["reasoning_content"] = message["reasoning_content"]
     if message.get("tool_calls"):
         reply["tool_calls"] = message["tool_calls"]
     return {
@@ -242,8 +247,9 @@ def completion_body(*, completion_id: str, model: str, message: Mapping[str, Any
 
 def stream_chunks(*, completion_id: str, model: str, message: Mapping[str, Any], content_pieces: Sequence[str],
                   finish: str, prompt_tokens: int, completion_tokens: int, include_usage: bool) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of one reply: role, content deltas, one delta per tool call,
-    the finish reason, and (``stream_options.include_usage``) a usage chunk with no choices."""
+    """The ``chat.completion.chunk`` objects of one reply: role, the reasoning (one ``reasoning_content``
+    delta, when there is any), content deltas, one delta per tool call, the finish reason, and
+    (``stream_options.include_usage``) a usage chunk with no choices."""
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
@@ -254,6 +260,8 @@ def stream_chunks(*, completion_id: str, model: str, message: Mapping[str, Any],
         return body
 
     chunks = [chunk({"role": "assistant", "content": ""})]
+    if message.get("reasoning_content"):
+        chunks.append(chunk({"reasoning_content": message["reasoning_content"]}))
     chunks += [chunk({"content": piece}) for piece in content_pieces if piece]
     for index, call in enumerate(message.get("tool_calls") or []):
         chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))

@@ -116,9 +116,19 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, env_path: str, settings: dict[str, Any], *, dtype: str = "float32",
                  group_filter: str = "agentrl.rollout.buffer:has_reward_variance", log_dir: str | None = None,
-                 engine_slots: list[Any] | None = None, cpus_per_engine: int = 1) -> None:
+                 engine_slots: list[Any] | None = None, cpus_per_engine: int = 1,
+                 external_agent: dict[str, Any] | None = None, cwd: str | None = None) -> None:
         """``engine_slots`` (:class:`agentrl.run.placement.Slot`): start engine ``i`` on ``engine_slots[i]``'s
-        node (:mod:`agentrl.run.engine_host`); without them the engines are this actor's children."""
+        node (:mod:`agentrl.run.engine_host`); without them the engines are this actor's children.
+        ``external_agent`` (:class:`agentrl.run.external_agents.ExternalAgentSettings`): agent processes,
+        started in ``cwd``, play the episodes through the gateway."""
+        self.agents: Any = None
+        if external_agent is not None:
+            from agentrl.run import external_agents as ext
+
+            self.agents = ext.ACTIVE.pool = ext.ExternalAgents(ext.ExternalAgentSettings.model_validate(external_agent),
+                                                               model_dir, log_dir=log_dir, cwd=cwd)
+            settings = {**settings, "rollout_function": ext.ROLLOUT_FUNCTION}
         self.settings = RolloutSettings.model_validate(settings)
         factory = None
         if engine_slots:
@@ -233,6 +243,8 @@ class RolloutWorker:
         self.manager.router.fanout("resume_memory_occupation", {})
 
     async def shutdown(self) -> None:
+        if self.agents is not None:
+            await self.agents.stop()
         await self.manager.aclose_client()
         self.manager.shutdown()
 

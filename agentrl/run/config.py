@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from agentrl.plugins import load_function, resolve
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.run.data import DataSection, FunctionTasks, TaskSource, is_data_path, load_dataset_tasks
+from agentrl.run.external_agents import ExternalAgentSettings
 from agentrl.run.placement import RaySettings
 from agentrl.run.warmup import WarmupConfig
 from agentrl.settings import FunctionPath, Settings
@@ -80,6 +81,8 @@ class RunConfig(Settings):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="engines and sampling")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the Megatron trainer")
     eval: EvalSection = Field(default_factory=EvalSection, description="held-out evaluation")
+    external_agent: ExternalAgentSettings | None = Field(
+        None, description="agent processes (any OpenAI-client program) play the episodes through the gateway")
     ray: RaySettings = Field(default_factory=RaySettings, description="the Ray cluster and what each rank and engine reserves (docs/cluster.md)")
 
     @field_validator("tasks")
@@ -119,6 +122,11 @@ class RunConfig(Settings):
     def _schedule_fits(self) -> RunConfig:
         if self.colocate and self.loop != "sync":
             raise ValueError("colocate releases the engines during training; it needs loop='sync'")
+        if self.external_agent is not None and self.rollout.rollout_function is not None:
+            raise ValueError("external_agent plays the episodes itself; it cannot be combined with "
+                             "rollout.rollout_function")
+        if self.external_agent is not None and self.loop == "fully_async":
+            raise ValueError("external_agent plays the episodes of loop 'sync' or 'async'; fully_async runs its own")
         if self.loop == "fully_async" and self.rollout.rollout_function:
             raise ValueError("loop='fully_async' runs its own episodes (agentrl.rollout.episode_pool); "
                              "rollout.rollout_function works with sync and async")

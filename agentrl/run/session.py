@@ -10,6 +10,7 @@ and rotation, memory release around training when colocated, and stopping every 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,8 @@ class Run:
             base = base_model_dir(cfg)
             self.rollout = remote(RolloutWorker, num_cpus=0).options(**placement.on_this_node()).remote(
                 str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.model.dtype,
-                group_filter=cfg.group_filter, log_dir=str(self.log_dir), **self.plan.rollout_kwargs())
+                group_filter=cfg.group_filter, log_dir=str(self.log_dir), **self.plan.rollout_kwargs(),
+                external_agent=cfg.external_agent.model_dump() if cfg.external_agent else None, cwd=os.getcwd())
             engines = ray.get(self.rollout.where.remote())
             placement.check_sync_support(cfg.sync_mode, cfg.sync_options, ray.get(self.rollout.engine_kinds.remote()))
             model_dir = warm_model_dir(cfg, base, self.rollout, self.tasks, self.heldout,

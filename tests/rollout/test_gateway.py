@@ -361,3 +361,111 @@ def test_a_non_finite_finish_is_a_clear_400_and_the_session_survives_it(served, 
     samples, turns = finish(url, "nan", reward=0.5)  # the corrected finish gets the whole trajectory
     assert [s.reward for s in samples] == [0.5]
     verify_session(samples, turns)
+
+
+# ---- tool-call format, reasoning_content, chat_template_kwargs ----------------------------------------
+THINKING_HEADER = ("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                   "{%- if enable_thinking is defined and enable_thinking %}{{- '<think>\\n' }}{%- endif %}{%- endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinking_dir(tmp_path_factory):
+    """The tiny tokenizer with a Qwen3-like template: ``enable_thinking`` opens a ``<think>`` block."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("thinking") / "tok"
+    shutil.copytree(TOKENIZER_DIR, out)
+    template = (out / "chat_template.jinja").read_text()
+    plain_header = "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    assert plain_header in template
+    (out / "chat_template.jinja").write_text(template.replace(plain_header, THINKING_HEADER))
+    return out
+
+
+@pytest.fixture
+def serve_gateway():
+    """``serve_gateway(tokenizer_dir, script, **gateway_kwargs)`` -> (openai client, gateway, policy)."""
+    from transformers import AutoTokenizer
+
+    started: list[ServerThread] = []
+
+    def start(tokenizer_dir, script, **kwargs):
+        scripted = ScriptedPolicy(AutoTokenizer.from_pretrained(tokenizer_dir), script)
+        gateway = Gateway(AutoTokenizer.from_pretrained(tokenizer_dir), scripted, model_name="tiny", **kwargs)
+        server = ServerThread(create_app(gateway)).__enter__()
+        started.append(server)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                               http_client=openai.DefaultHttpxClient(trust_env=False))
+        return client, gateway, scripted
+
+    yield start
+    for server in started:
+        server.__exit__()
+
+
+def test_tool_format_flag_chooses_the_call_syntax(serve_gateway):
+    llama_call = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    client, gateway, _ = serve_gateway(TOKENIZER_DIR, [llama_call], tool_format="llama3_json")
+    reply = client.chat.completions.create(model="tiny", messages=QUESTION, tools=[ADD_TOOL], user="l").choices[0]
+    assert gateway.tool_format.name == "llama3_json"
+    assert reply.finish_reason == "tool_calls" and json.loads(reply.message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
+    client, gateway, _ = serve_gateway(TOKENIZER_DIR, [llama_call])  # the template's own (Hermes): plain text
+    reply = client.chat.completions.create(model="tiny", messages=QUESTION, tools=[ADD_TOOL], user="h").choices[0]
+    assert gateway.tool_format.name == "hermes" and reply.message.tool_calls is None
+    assert reply.message.content == llama_call
+
+
+def test_reasoning_comes_back_as_reasoning_content_and_drafts_inside_it_are_not_calls(serve_gateway, thinking_dir):
+    draft = '<tool_call>{"name": "add", "arguments": {"a": 9, "b": 9}}</tool_call>'
+    script = [f"<think>2 plus 3; maybe {draft}</think>{CALL}", "<think>done</think>The answer is 5."]
+    client, gateway, _ = serve_gateway(thinking_dir, script)  # auto: the template thinks in <think> blocks
+    first = client.chat.completions.create(model="tiny", messages=QUESTION, tools=[ADD_TOOL], user="r").choices[0]
+    assert first.message.model_extra["reasoning_content"] == f"2 plus 3; maybe {draft}"
+    (call,) = first.message.tool_calls  # the draft inside the reasoning is not run
+    assert json.loads(call.function.arguments) == {"a": 2, "b": 3} and first.message.content is None
+    history = [*QUESTION, first.message, {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    stream = client.chat.completions.create(model="tiny", messages=history, tools=[ADD_TOOL], user="r", stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert [d.model_extra.get("reasoning_content") for d in deltas if d.model_extra.get("reasoning_content")] == ["done"]
+    assert "".join(d.content or "" for d in deltas) == "The answer is 5."
+    # The turn recorded is what was sampled, reasoning included (the split is only how the agent sees it).
+    turns = gateway.manager.turns("r")
+    assert gateway.tokenizer.decode(turns[0].output_ids).startswith("<think>2 plus 3; maybe <tool_call>")
+    verify_session(gateway.finish_session("r", 1.0), turns)
+
+    client, _, _ = serve_gateway(thinking_dir, script, reasoning="none")  # off: the model's text as it is
+    raw = client.chat.completions.create(model="tiny", messages=QUESTION, user="n").choices[0].message
+    assert raw.content == script[0] and "reasoning_content" not in (raw.model_extra or {})
+
+
+def test_chat_template_kwargs_reach_the_template_per_gateway_and_per_request(serve_gateway, thinking_dir):
+    client, gateway, policy = serve_gateway(thinking_dir, ["2 plus 3</think>The answer is 5."],
+                                            chat_template_kwargs={"enable_thinking": True})
+    reply = client.chat.completions.create(model="tiny", messages=QUESTION, user="k").choices[0].message
+    prompt = policy.tokenizer.decode(policy.turns["k"][0].prompt_ids, skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    # The prompt opened the block, so the reply starts inside it.
+    assert reply.model_extra["reasoning_content"] == "2 plus 3" and reply.content == "The answer is 5."
+    client.chat.completions.create(model="tiny", messages=QUESTION, user="k2",
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    prompt = policy.tokenizer.decode(policy.turns["k2"][0].prompt_ids, skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tool-format", "smoke-signals"], "unknown tool-call format"),
+    (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+    (["--chat-template-kwargs", "{nope"], "not JSON"),
+    (["--reasoning-parser", "maybe"], "invalid choice"),
+])
+def test_cli_format_and_template_flags_refuse_bad_values(argv, message, tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tmp_path / "m" / name).write_bytes((TOKENIZER_DIR / name).read_bytes())
+    try:
+        code = main(["--router", "http://127.0.0.1:1", "--model", str(tmp_path / "m"), *argv])
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    assert code == 2
+    assert message in capsys.readouterr().err
