@@ -105,8 +105,9 @@ def agent_pids(agents: ExternalAgents) -> list[int]:
 
 @pytest.mark.parametrize("session_id_from,flag", [("base_url", "none"), ("user", "user"), ("header", "header")])
 def test_agents_play_groups_that_prove_and_score_by_the_env(tmp_path, session_id_from, flag) -> None:
+    marker = f"agentrl-test-{os.getpid()}-{session_id_from}"
     agents = pool(tmp_path, f"{sys.executable} {AGENT} --session-id-in {flag}", copies=3,
-                  session_id_from=session_id_from)
+                  session_id_from=session_id_from, env={"AGENTRL_TEST_MARK": marker})
     tasks = make_tasks(4, seed=1, multi_turn=True)
 
     async def main():
@@ -114,6 +115,7 @@ def test_agents_play_groups_that_prove_and_score_by_the_env(tmp_path, session_id
             result, manager, policy = await play(agents, tasks, 4)
             env = agents.copies[0].env
             pids = agent_pids(agents)
+            assert sorted(processes_with(marker)) == sorted(pids)  # the scan the end-to-end test relies on
         finally:
             await agents.stop()
         return result, manager, policy, env, pids
@@ -308,3 +310,44 @@ def test_config_checks_the_agent_section_before_anything_starts(tmp_path) -> Non
         load_config(None, ["--external_agent.command", "python agent.py", "--loop", "fully_async"])
     cfg = load_config(ROOT / "examples" / "openai_agent" / "config.yaml")
     assert cfg.external_agent.command.endswith("agent.py") and cfg.external_agent.reward_from == "env"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose environment holds ``marker`` (the run's agents carry it in theirs)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "environ").read_bytes() and alive(int(proc.name)):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_agentrl_train_runs_through_the_external_agents_and_leaves_none_behind(tmp_path) -> None:
+    import uuid
+
+    from agentrl.run.cli import main
+
+    marker = f"agentrl-test-{uuid.uuid4().hex}"
+    out = tmp_path / "run"
+    # Toy size, no warm-up: the tiny untrained model scores 0, so every group is kept (keep_all) to train.
+    small = ["--output-dir", str(out), "--steps", "2", "--cache_dir", str(tmp_path / "cache"), "--expert", "null",
+             "--group_filter", "agentrl.rollout.buffer:keep_all", "--rollout.num_engines", "1",
+             "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16",
+             "--eval.num_tasks", "4", "--external_agent.copies", "2",
+             "--external_agent.env", json.dumps({"AGENTRL_TEST_MARK": marker})]
+    os.chdir(ROOT)  # the config's command is relative to the repository
+    assert main([str(ROOT / "examples" / "openai_agent" / "config.yaml"), *small]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2] and all("eval_accuracy" in r for r in (steps[0], steps[2]))
+    for r in steps[1:]:
+        assert r["rollout/episodes"] == 8 and r["rollout/agents/episodes"] == 8 and r["rollout/failed"] == 0
+        assert r["train/n_samples"] >= 8 and r["rollout/trained_tokens"] > 0
+        assert r["rollout/unproven_trained_tokens"] == 0 and r["verify/refused"] == 0 and r["verify/samples"] >= 8
+    assert sorted(p.name for p in (out / "logs").glob("agent-*.log")) == ["agent-0.log", "agent-1.log"]
+    assert processes_with(marker) == []
