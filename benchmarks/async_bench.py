@@ -2,19 +2,21 @@
 held-out accuracy after equal wall time, staleness.
 
 The workload is :class:`agentrl.envs.latency.LongTailArithmeticEnv`: the multi-turn arithmetic task
-whose ``add`` tool sleeps a lognormal time (median 0.4 s, log-std 1.3, cap 20 s: mean ~0.9 s, p99 ~8 s),
-as remote tools and sandboxes do. The same warm model (the tiny model's supervised warm-up, cached in
-``--cache-dir``), the same settings and the same GRPO wall-time budget (``--minutes``) for each loop,
-run one after the other as ``agentrl train`` processes.
+whose ``add`` tool sleeps a lognormal time (median 1 s, log-std 1.2, cap 30 s: mean ~2 s, p99 ~16 s),
+as remote tools and sandboxes do. The same warm model (``--model-path``, or the tiny model's supervised
+warm-up, cached in ``--cache-dir``), the same settings and the same GRPO wall-time budget (``--minutes``)
+for each loop, run one after the other as ``agentrl train`` processes.
 
 Measured, per loop:
-- ``episodes_per_minute``: trained samples (one per episode unless an episode forked) per GRPO minute;
+- ``episodes_per_minute``: trained samples (one per episode unless an episode forked) per GRPO minute,
+  over every step but the last (whose row includes the final evaluation);
 - ``trainer_idle_fraction``: 1 - (train + weight sync seconds) / GRPO wall time;
 - ``engine_idle_fraction``: share of ``/get_load`` polls (every 0.25 s) that found the engine with no request;
 - ``eval_accuracy_start`` / ``eval_accuracy_end``: greedy held-out accuracy at step 0 and after the budget;
 - staleness: the largest version lag of a trained token, the token-weighted mean lag, the lag histogram.
 
     python benchmarks/async_bench.py --minutes 2      # writes benchmarks/results/async_bench.json
+    python benchmarks/async_bench.py --minutes 2 --model-path .cache/agentrl/warm-<key>   # skip the warm-up
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ def overrides(args: argparse.Namespace, loop: str) -> list[str]:
         "--max_staleness", str(args.max_staleness), "--partial_rollout", args.partial_rollout,
         "--rollout.num_engines", "1", "--rollout.prompts_per_step", "8", "--rollout.samples_per_prompt", "8",
         "--rollout.concurrency", "64", "--rollout.max_new_tokens", "40",
+        # one torch thread: on 2 cores shared with a trainer (and here other jobs) more threads spin
+        "--rollout.engine_args", '["--num-threads", "1"]',
         "--eval.every", "100000", "--eval.num_tasks", str(args.eval_tasks),
         "--trainer.lr_warmup_steps", "5", "--trainer.lr_decay_style", "constant",
         "--trainer.loss.importance_weights", "tis", "--log_samples", "0",
+        *(["--model.path", str(args.model_path), "--expert", "null"] if args.model_path else []),
     ]
 
 
@@ -87,9 +92,11 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "step" in r]
     start, trained = steps[0], [r for r in steps if r["step"] > 0]
-    grpo_s = trained[-1]["elapsed_s"] - start["elapsed_s"] if trained else 0.0
-    samples = sum(r.get("train/n_samples", 0.0) for r in trained)
-    busy = sum(r.get("train/seconds", 0.0) + r.get("sync/seconds", 0.0) for r in trained)
+    # Rates over the steps before the last: the last row also holds the final held-out evaluation.
+    timed = trained[:-1]
+    grpo_s = timed[-1]["elapsed_s"] - start["elapsed_s"] if timed else 0.0
+    samples = sum(r.get("train/n_samples", 0.0) for r in timed)
+    busy = sum(r.get("train/seconds", 0.0) + r.get("sync/seconds", 0.0) for r in timed)
     hist: Counter[str] = Counter()
     for r in trained:
         hist.update({k.removeprefix("rollout/staleness_hist/"): v for k, v in r.items()
@@ -98,7 +105,9 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
     return {
         "loop": loop, "steps": len(trained), "grpo_seconds": round(grpo_s, 1), "process_seconds": round(wall_s, 1),
         "trained_episodes": samples, "episodes_per_minute": round(samples / (grpo_s / 60), 2) if grpo_s else 0.0,
-        "episodes_generated": sum(r.get("rollout/episodes", 0.0) for r in trained),
+        "episodes_generated": sum(r.get("rollout/episodes", 0.0) for r in timed),
+        "generated_episodes_per_minute": round(sum(r.get("rollout/episodes", 0.0) for r in timed) / (grpo_s / 60), 2)
+        if grpo_s else 0.0,
         "trainer_idle_fraction": round(1 - busy / grpo_s, 3) if grpo_s else None,
         "engine_idle_fraction": None if engine_idle is None else round(engine_idle, 3),
         "eval_accuracy_start": start.get("eval_accuracy"), "eval_accuracy_end": trained[-1].get("eval_accuracy") if trained else None,
@@ -109,7 +118,7 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
         "turns_aborted": sum(r.get("rollout/turns_aborted", 0.0) for r in trained),
         "unproven_trained_tokens": sum(r.get("rollout/unproven_trained_tokens", 0.0) for r in trained),
         "verify_refused": sum(r.get("verify/refused", 0.0) for r in trained),
-        "seconds_per_step": round(grpo_s / len(trained), 2) if trained else None,
+        "seconds_per_step": round(grpo_s / len(timed), 2) if timed else None,
     }
 
 
@@ -134,7 +143,8 @@ def run_loop(args: argparse.Namespace, loop: str) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    cols = [("loop", "loop"), ("steps", "steps"), ("episodes/min", "episodes_per_minute"),
+    cols = [("loop", "loop"), ("steps", "steps"), ("trained episodes/min", "episodes_per_minute"),
+            ("generated/min", "generated_episodes_per_minute"), ("x sync", "speedup_vs_sync"),
             ("trainer idle", "trainer_idle_fraction"), ("engine idle", "engine_idle_fraction"),
             ("acc start", "eval_accuracy_start"), ("acc end", "eval_accuracy_end"),
             ("stale max", "staleness_max"), ("stale mean", "staleness_mean"), ("s/step", "seconds_per_step")]
@@ -154,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-staleness", type=int, default=2)
     p.add_argument("--partial-rollout", default="continue", choices=["continue", "abort"])
     p.add_argument("--eval-tasks", type=int, default=100)
+    p.add_argument("--model-path", type=Path, default=None,
+                   help="an already warmed-up tiny model dir (e.g. a warm-* dir of an arithmetic run's cache): "
+                        "no warm-up; without it the first run warms the tiny model up (cached in --cache-dir)")
     p.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "async_bench.json")
     args = p.parse_args(argv)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -164,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
-        "workload": "agentrl.envs.latency:LongTailArithmeticEnv (add tool: lognormal median 0.4 s, sigma 1.3, cap 20 s)",
+        "workload": "agentrl.envs.latency:LongTailArithmeticEnv (add tool: lognormal median 1 s, sigma 1.2, cap 30 s)",
         "minutes": args.minutes, "settings": overrides(args, "<loop>"), "config": str(args.config.relative_to(REPO)),
+        "model": str(args.model_path) if args.model_path else "warm-up of the tiny model (cached)",
         "machine": "2 shared CPU cores", "loops": results, "table": table(results)}, indent=2) + "\n")
     print(f"async_bench: wrote {args.output}")
     return 0
