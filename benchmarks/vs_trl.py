@@ -24,6 +24,16 @@ at most ``max_turns - 1`` tool rounds; and it has no "episode done", so after ``
 more (the adapter then ignores further tool calls, so the first submission decides the reward,
 as in agentrl).
 
+What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at
+the same settings; agentrl 8.6-9.3 against 3.35): not a setting -- the script's TRL arguments did not
+change between them (only config plumbing did), and TRL logged the same completion lengths (~70 tokens) and
+tool calls. The two phases run one after the other on a shared 2-core machine, and those runs overlapped
+other work (load averages of 15-20 are usual there while helpers run tests): a process pinned to one torch
+thread then gets a small share of a core, and the phase that ran under more load looked slower. The load
+was not recorded then. Now each phase records the load average at its start and end and TRL's own CPU
+seconds per step (``trl_cpu_s_per_step``: wall time far above CPU time means the machine, not TRL, set the
+pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed.
+
     python3 benchmarks/vs_trl.py [--config examples/arithmetic/config.yaml] [--minutes M] [--cache-dir C]
                                  [--single-turn] [--eval-tasks N] [--work-dir D] [--results R.json]
 """
@@ -220,20 +230,26 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
     curve = [{"step": 0, "seconds": 0.0, "eval_accuracy": evaluate(None, "0")}]
     print(json.dumps({"trl": curve[0]}), flush=True)
     log_rows: list[dict[str, Any]] = []
+    cpu_per_step: list[float] = []
 
     class Clock(TrainerCallback):
         """Evaluates every ``eval.every`` steps and stops the run once the wall budget is spent."""
 
         started = 0.0
+        step_cpu = 0.0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.started = time.monotonic()
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.step_cpu = time.process_time()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs:
                 log_rows.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, int | float)}})
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            cpu_per_step.append(round(time.process_time() - self.step_cpu, 3))  # TRL's own CPU, this step
             # Stop before a step that would end past the budget (at its mean pace so far, evaluations
             # included): a TRL step is long here, and finishing one more would give TRL up to a step extra.
             elapsed = time.monotonic() - self.started
@@ -257,7 +273,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
         trainer.train()
     finally:
         evaluate.close()
-    return {"curve": curve, "eval_seconds": round(evaluate.seconds, 2),
+    return {"curve": curve, "eval_seconds": round(evaluate.seconds, 2), "cpu_s_per_step": cpu_per_step,
             "eval_failed_episodes_retried": evaluate.failed_episodes, "log": log_rows,
             "settings": {"max_completion_length": args.max_completion_length, "generation_kwargs": args.generation_kwargs,
                          "max_tool_calling_iterations": args.max_tool_calling_iterations,
@@ -328,11 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="vs_trl-"))
     work.mkdir(parents=True, exist_ok=True)
 
+    load: dict[str, list[float]] = {"agentrl_start": list(os.getloadavg())}
     model_dir, agentrl_points = agentrl_curve(run_agentrl(config, overrides, args.minutes, work / "agentrl"))
+    load["agentrl_end"] = load["trl_start"] = list(os.getloadavg())
     budget = agentrl_points[-1]["seconds"]
     print(f"agentrl: {len(agentrl_points)} evaluations in {budget:.0f} s; TRL gets {budget:.0f} s from {model_dir}",
           flush=True)
     trl = run_trl(cfg, model_dir, budget, work, args.trl_threads)
+    load["trl_end"] = list(os.getloadavg())
+    loaded = any(v[0] > (os.cpu_count() or 1) for v in load.values())
     table = [summarize("agentrl", agentrl_points), summarize("trl", trl["curve"])]
     a, t = table[0]["seconds_to_target"], table[1]["seconds_to_target"]
     result = {
@@ -344,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         "time_ratio_agentrl_over_trl_at_most": ratio_bound(table[0], table[1]),
         "agentrl_curve": agentrl_points, "trl_curve": trl["curve"], "trl_eval_seconds": trl["eval_seconds"],
         "trl_eval_failed_episodes_retried": trl["eval_failed_episodes_retried"],
+        "load_average": load, "cpu_count": os.cpu_count(), "loaded_machine": loaded,
+        "trl_cpu_s_per_step": trl["cpu_s_per_step"],
         "trl_settings": {**trl["settings"], "torch_threads": args.trl_threads}, "trl_log": trl["log"],
         "trl_differences": ["per-turn cap max_new_tokens (generation_kwargs), whole completion max_new_tokens * max_turns",
                             "no episode end after submit: one more reply is generated (later calls ignored)"],
@@ -362,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     elif result["time_ratio_agentrl_over_trl_at_most"] is not None:
         print(f"agentrl / TRL time to +0.2: at most {result['time_ratio_agentrl_over_trl_at_most']} "
               "(TRL did not reach it in its whole run; target <= 0.5)")
+    print(f"load average (1, 5, 15 min) at each phase's start and end on {os.cpu_count()} CPUs: {load}")
+    if loaded:
+        print("WARNING: the machine was loaded above its CPU count during a phase; the timings measure the load")
     print(f"wrote {results}")
     return 0
 

@@ -1,0 +1,217 @@
+"""Embedded engine generation against HF ``generate`` (static cache): output tokens/s, time to first token
+and per-token latency at several concurrencies, on the same random-init Qwen2-shaped model and batch.
+
+The engine runs in this process (``Engine`` + its scheduler thread, no HTTP): ``concurrency`` requests of
+``--prompt-len`` random tokens are submitted at once, each generating exactly ``--new-tokens`` (T=1,
+ignore_eos). Token times are taken in the worker thread as each token is appended. The anchor is what a
+TRL user has: ``model.generate`` on the same prompts as one ``[concurrency, prompt_len]`` batch with
+``cache_implementation="static"``, sampling at T=1 for exactly as many tokens; its time to first token
+is a ``max_new_tokens=1`` call, its per-token latency the rest over the remaining tokens.
+
+    python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b qwen2-1.5b \\
+        --concurrency 1 32 128 256 --out benchmarks/results/engine_gpu_bench.json
+    python3 benchmarks/engine_gpu_bench.py --device cpu --shapes tiny --concurrency 1 4 \\
+        --prompt-len 32 --new-tokens 16          # smoke run
+
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+from trainer_bench import SHAPES  # noqa: E402
+
+
+class _InlineLoop:
+    """Stands in for the event loop a server hands the scheduler: runs ``notify`` at once, in the worker."""
+
+    def call_soon_threadsafe(self, fn) -> None:
+        fn()
+
+
+def build_model_dir(shape: str, dtype: str, root: Path, context: int, device: str, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from agentrl.models.tiny import copy_tokenizer
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(max_position_embeddings=context, rope_theta=1e6, **SHAPES[shape])
+    with torch.device(device):  # random init on the GPU: seconds instead of a minute for 1.5B on the CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    out = copy_tokenizer(root / shape)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def prompts_for(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def engine_run(engine, prompts: list[list[int]], new_tokens: int, sync) -> dict:
+    """Submit every prompt at once; wait until all finish; per-request first-token and finish times."""
+    from agentrl.engine.protocol import SamplingParams
+    from agentrl.engine.scheduler import Sequence
+
+    loop = _InlineLoop()
+    done = threading.Event()
+    first: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    seqs = []
+
+    def notify_for(seq):
+        def notify() -> None:
+            now = time.perf_counter()
+            if seq.output_ids and seq.rid not in first:
+                first[seq.rid] = now
+            if seq.finish_reason is not None:
+                finished[seq.rid] = now
+                if len(finished) == len(prompts):
+                    done.set()
+        return notify
+
+    for p in prompts:
+        seq = Sequence(prompt_ids=list(p), stream=True, loop=loop,
+                       params=SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True))
+        seq.notify = notify_for(seq)
+        seqs.append(seq)
+    sync()
+    t0 = time.perf_counter()
+    for seq in seqs:
+        engine.scheduler.submit(seq)
+    if not done.wait(timeout=1800):
+        raise TimeoutError("engine run did not finish")
+    wall = time.perf_counter() - t0
+    bad = [s.finish_reason for s in seqs if (s.finish_reason or {}).get("type") != "length"]
+    if bad:
+        raise RuntimeError(f"requests ended early: {bad[:3]}")
+    tokens = sum(len(s.output_ids) for s in seqs)
+    ttft = sorted(first[s.rid] - t0 for s in seqs)
+    tpot = sorted((finished[s.rid] - first[s.rid]) / max(len(s.output_ids) - 1, 1) for s in seqs)
+    return {"seconds": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall,
+            "ttft_p50_s": ttft[len(ttft) // 2], "ttft_max_s": ttft[-1],
+            "per_token_p50_s": tpot[len(tpot) // 2]}
+
+
+def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: str, sync) -> dict:
+    import torch
+
+    ids = torch.tensor(prompts, device=device)
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
+              cache_implementation="static")
+
+    def timed(n: int) -> tuple[float, int]:
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync()
+        return time.perf_counter() - t0, out.shape[1] - ids.shape[1]
+
+    ttft, _ = timed(1)
+    wall, generated = timed(new_tokens)
+    tokens = generated * len(prompts)
+    return {"seconds": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "ttft_p50_s": ttft,
+            "ttft_max_s": ttft, "per_token_p50_s": (wall - ttft) / max(new_tokens - 1, 1)}
+
+
+def bench_shape(args, shape: str, root: Path) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.engine import Engine, EngineConfig
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    context = args.prompt_len + args.new_tokens + 8
+    model_dir = build_model_dir(shape, args.dtype, root, context, args.device)
+    vocab = SHAPES[shape]["vocab_size"]
+    rows = []
+    engine = Engine(EngineConfig(str(model_dir), dtype=args.dtype, device=args.device,
+                                 max_batch_size=max(args.concurrency), max_prefill_tokens=args.max_prefill_tokens,
+                                 prefix_cache_tokens=0))
+    engine.start()
+    try:
+        engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
+        for c in args.concurrency:
+            r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
+            rows.append({"shape": shape, "runner": "engine", "concurrency": c, **r})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        engine.shutdown()
+    del engine
+    if not args.skip_hf:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype),
+                                                     attn_implementation="sdpa").to(args.device).eval()
+        hf_generate_run(model, prompts_for(2, args.prompt_len, vocab, seed=999), 4, args.device, sync)  # warm-up
+        for c in args.concurrency:
+            r = hf_generate_run(model, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, args.device, sync)
+            rows.append({"shape": shape, "runner": "hf_generate_static", "concurrency": c, **r})
+            print(json.dumps(rows[-1]), flush=True)
+        del model
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--shapes", nargs="+", default=["tiny"], choices=sorted(SHAPES))
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128, 256])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=None, help="engine; default 32768 on cuda, 8192 on cpu")
+    p.add_argument("--skip-hf", action="store_true", help="engine only")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
+    args = p.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    args.max_prefill_tokens = args.max_prefill_tokens or (32768 if args.device == "cuda" else 8192)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("engine_gpu_bench: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.shapes:
+            rows.extend(bench_shape(args, shape, Path(tmp)))
+    anchor = {(r["shape"], r["concurrency"]): r for r in rows if r["runner"] == "hf_generate_static"}
+    print(f"\n{args.device}, {args.dtype}, prompt {args.prompt_len}, output {args.new_tokens} tokens, T=1")
+    print(f"{'shape':<11} {'runner':<19} {'conc':>5} {'out tok/s':>10} {'vs HF':>6} {'TTFT p50 ms':>11} "
+          f"{'TTFT max ms':>11} {'ms/token':>9}")
+    for r in rows:
+        a = anchor.get((r["shape"], r["concurrency"]))
+        ratio = f"{r['output_tokens_per_s'] / a['output_tokens_per_s']:.2f}x" if a else "n/a"
+        print(f"{r['shape']:<11} {r['runner']:<19} {r['concurrency']:>5} {r['output_tokens_per_s']:>10.0f} {ratio:>6} "
+              f"{1e3 * r['ttft_p50_s']:>11.1f} {1e3 * r['ttft_max_s']:>11.1f} {1e3 * r['per_token_p50_s']:>9.2f}")
+    result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": args.dtype,
+              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "max_prefill_tokens": args.max_prefill_tokens, "torch": torch.__version__, "rows": rows}
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
