@@ -113,7 +113,12 @@ def connect(settings: RaySettings, *, env_vars: dict[str, str], default_cpus: in
         raise PlacementError(f"ray.num_cpus sizes a local cluster; the run joins {address}, whose nodes declare their own")
     # Ray 2.60's `ray start` turns token auth on; an explicit address only presents the token in token mode.
     if "RAY_AUTH_MODE" not in os.environ and _token_available():
-        os.environ["RAY_AUTH_MODE"] = "token"
+        try:  # Ray's own switch: sets the mode and refreshes its cached config (the variable alone is not re-read)
+            from ray._private.authentication.authentication_token_setup import _enable_token_auth
+        except ImportError:  # another Ray version: the variable is all there is
+            os.environ["RAY_AUTH_MODE"] = "token"
+        else:
+            _enable_token_auth()
     try:
         ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
     except ConnectionError as exc:
