@@ -44,7 +44,11 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, 
     if not cfg.runs_warmup:
         return base
     w = cfg.warmup
-    out = Path(cfg.cache_dir) / f"warm-{_key(str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.data.model_dump(), cfg.expert, w.model_dump(), cfg.seed)}"
+    template_kwargs = cfg.rollout.chat_template_kwargs
+    # Appended only when set, so the keys of existing caches (no kwargs) stay what they were.
+    key_parts = (str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.data.model_dump(), cfg.expert, w.model_dump(), cfg.seed,
+                 *([template_kwargs] if template_kwargs else []))
+    out = Path(cfg.cache_dir) / f"warm-{_key(*key_parts)}"
     done = out / "warmup.json"
     if done.exists():
         for record in json.loads(done.read_text())["history"] if log else []:
@@ -75,7 +79,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, 
             log.write(record)
 
     result = supervised_warmup(base, out, expert_chats(train), evaluate, w, progress=progress,
-                               heldout=expert_chats(heldout), seed=cfg.seed)
+                               heldout=expert_chats(heldout), seed=cfg.seed, chat_template_kwargs=template_kwargs)
     bar.close()
     done.write_text(json.dumps({"steps": result.steps, "accuracy": result.accuracy, "history": result.history}))
     return out

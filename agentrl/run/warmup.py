@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +97,13 @@ def supervised_warmup(
     progress: Callable[[dict[str, float]], None] | None = None,
     heldout: Sequence[Conversation] = (),
     seed: int = 0,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> WarmupResult:
     """Fine-tune ``model_dir`` on ``conversations``; save to ``out_dir`` before each real evaluation.
 
     ``heldout`` (expert chats of held-out tasks) feeds the cheap check; ``evaluate(out_dir)`` returns the
-    real held-out accuracy of the saved model. Training stops as soon as that reaches
+    real held-out accuracy of the saved model; ``chat_template_kwargs`` render the chats as the rollouts do.
+    Training stops as soon as that reaches
     ``config.target_accuracy`` (the saved model is the one that reached it), at ``max_steps``, or at the
     first real evaluation after ``max_minutes`` (a budget, so a run always finishes).
     """
@@ -114,7 +116,7 @@ def supervised_warmup(
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, **(chat_template_kwargs or {}))
 
     def encode(chats: Sequence[Conversation]) -> list[Encoded]:
         rendered = (renderer.render(m, t, add_generation_prompt=False) for m, t in chats)

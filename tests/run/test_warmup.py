@@ -125,3 +125,19 @@ def test_a_check_farther_from_the_target_costs_no_extra_evaluation(tiny, tmp_pat
     result = _keep_nearer(model, tokenizer, tmp_path, lambda p: calls.append(p) or 0.0, 0.3,
                           (99, 0.05, _weights(model)), (100, 0.33), [], None)
     assert result == (100, 0.33) and calls == []
+
+
+def test_warmup_renders_chats_with_the_runs_chat_template_kwargs(tiny, tmp_path, monkeypatch):
+    path, _, _ = tiny
+    seen: list[dict] = []
+    original = ChatRenderer.__init__
+
+    def spy(self, tokenizer, **kwargs):
+        seen.append(kwargs)
+        original(self, tokenizer, **kwargs)
+
+    monkeypatch.setattr(ChatRenderer, "__init__", spy)
+    config = WarmupConfig(max_steps=5, check_every=5, eval_every=1000, target_accuracy=1.0, max_minutes=1e-9)
+    supervised_warmup(path, tmp_path / "warm", chats(2), lambda p: 0.0, config,
+                      chat_template_kwargs={"enable_thinking": False})
+    assert seen == [{"enable_thinking": False}]
