@@ -3,10 +3,16 @@ and per-token latency at several concurrencies, on the same random-init Qwen2-sh
 
 The engine runs in this process (``Engine`` + its scheduler thread, no HTTP): ``concurrency`` requests of
 ``--prompt-len`` random tokens are submitted at once, each generating exactly ``--new-tokens`` (T=1,
-ignore_eos). Token times are taken in the worker thread as each token is appended. The anchor is what a
-TRL user has: ``model.generate`` on the same prompts as one ``[concurrency, prompt_len]`` batch with
-``cache_implementation="static"``, sampling at T=1 for exactly as many tokens; its time to first token
-is a ``max_new_tokens=1`` call, its per-token latency the rest over the remaining tokens.
+ignore_eos). Token times are taken in the worker thread as each token is appended. Engine modes:
+``static`` (fixed KV buffers, decode steps replayed as CUDA graphs: the default on CUDA) and ``dynamic``
+(the left-padded KV rebuilt as rows join or leave, every kernel launched from Python: the CPU default).
+
+The anchors are HF ``model.generate`` on the same prompts as one ``[concurrency, prompt_len]`` batch,
+sampling at T=1 for exactly as many tokens: ``static`` (``cache_implementation="static"``, which
+transformers compiles itself on each new shape: timed warm, after one untimed call at that shape, whose
+time is reported as ``cold_seconds``) and ``eager`` (the default dynamic cache: what TRL's GRPOTrainer
+calls without vLLM). Time to first token is a ``max_new_tokens=1`` call; per-token latency the rest over
+the remaining tokens.
 
     python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b qwen2-1.5b \\
         --concurrency 1 32 128 256 --out benchmarks/results/engine_gpu_bench.json
@@ -105,12 +111,13 @@ def engine_run(engine, prompts: list[list[int]], new_tokens: int, sync) -> dict:
             "per_token_p50_s": tpot[len(tpot) // 2]}
 
 
-def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: str, sync) -> dict:
+def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: str, sync, mode: str = "static") -> dict:
     import torch
 
     ids = torch.tensor(prompts, device=device)
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
-              cache_implementation="static")
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+    if mode == "static":
+        kw["cache_implementation"] = "static"
 
     def timed(n: int) -> tuple[float, int]:
         sync()
@@ -120,11 +127,15 @@ def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: st
         sync()
         return time.perf_counter() - t0, out.shape[1] - ids.shape[1]
 
+    cold = None
+    if mode == "static":  # the first call at a shape compiles: untimed for the figures, reported
+        cold = timed(new_tokens)[0]
+        timed(1)
     ttft, _ = timed(1)
     wall, generated = timed(new_tokens)
     tokens = generated * len(prompts)
     return {"seconds": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "ttft_p50_s": ttft,
-            "ttft_max_s": ttft, "per_token_p50_s": (wall - ttft) / max(new_tokens - 1, 1)}
+            "ttft_max_s": ttft, "per_token_p50_s": (wall - ttft) / max(new_tokens - 1, 1), "cold_seconds": cold}
 
 
 def bench_shape(args, shape: str, root: Path) -> list[dict]:
@@ -138,27 +149,32 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
     model_dir = build_model_dir(shape, args.dtype, root, context, args.device)
     vocab = SHAPES[shape]["vocab_size"]
     rows = []
-    engine = Engine(EngineConfig(str(model_dir), dtype=args.dtype, device=args.device,
-                                 max_batch_size=max(args.concurrency), max_prefill_tokens=args.max_prefill_tokens,
-                                 prefix_cache_tokens=0))
-    engine.start()
-    try:
-        engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
-        for c in args.concurrency:
-            r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
-            rows.append({"shape": shape, "runner": "engine", "concurrency": c, **r})
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        engine.shutdown()
-    del engine
-    if not args.skip_hf:
+    for mode in args.engine_modes:
+        engine = Engine(EngineConfig(str(model_dir), dtype=args.dtype, device=args.device,
+                                     max_batch_size=max(args.concurrency), max_prefill_tokens=args.max_prefill_tokens,
+                                     prefix_cache_tokens=0, static_kv=mode == "static"))
+        engine.start()
+        try:
+            engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
+            for c in args.concurrency:
+                r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
+                rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r,
+                             "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            engine.shutdown()
+        del engine
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    if args.hf_modes and shape in args.hf_shapes:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype),
                                                      attn_implementation="sdpa").to(args.device).eval()
-        hf_generate_run(model, prompts_for(2, args.prompt_len, vocab, seed=999), 4, args.device, sync)  # warm-up
-        for c in args.concurrency:
-            r = hf_generate_run(model, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, args.device, sync)
-            rows.append({"shape": shape, "runner": "hf_generate_static", "concurrency": c, **r})
-            print(json.dumps(rows[-1]), flush=True)
+        for mode in args.hf_modes:
+            for c in args.hf_concurrency or args.concurrency:
+                r = hf_generate_run(model, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, args.device,
+                                    sync, mode)
+                rows.append({"shape": shape, "runner": f"hf_generate_{mode}", "concurrency": c, **r})
+                print(json.dumps(rows[-1]), flush=True)
         del model
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -174,12 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=None, help="engine; default 32768 on cuda, 8192 on cpu")
-    p.add_argument("--skip-hf", action="store_true", help="engine only")
+    p.add_argument("--engine-modes", nargs="+", default=["static"], choices=["static", "dynamic"])
+    p.add_argument("--hf-modes", nargs="*", default=["static"], choices=["static", "eager"],
+                   help="HF generate anchors (none: engine only)")
+    p.add_argument("--hf-shapes", nargs="+", default=None, help="shapes with HF anchors (default: all)")
+    p.add_argument("--hf-concurrency", nargs="+", type=int, default=None, help="default: --concurrency")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.max_prefill_tokens = args.max_prefill_tokens or (32768 if args.device == "cuda" else 8192)
+    args.hf_shapes = args.hf_shapes or args.shapes
     import torch
 
     if args.threads:
@@ -188,13 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         print("engine_gpu_bench: --device cuda but CUDA is not available", file=sys.stderr)
         return 2
     rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:
             rows.extend(bench_shape(args, shape, Path(tmp)))
+            out.write_text(json.dumps({"partial": True, "rows": rows}, indent=2))  # survives a later timeout
     anchor = {(r["shape"], r["concurrency"]): r for r in rows if r["runner"] == "hf_generate_static"}
     print(f"\n{args.device}, {args.dtype}, prompt {args.prompt_len}, output {args.new_tokens} tokens, T=1")
     print(f"{'shape':<11} {'runner':<19} {'conc':>5} {'out tok/s':>10} {'vs HF':>6} {'TTFT p50 ms':>11} "
-          f"{'TTFT max ms':>11} {'ms/token':>9}")
+          f"{'TTFT max ms':>11} {'ms/token':>9}  (vs HF: against hf_generate_static, warm)")
     for r in rows:
         a = anchor.get((r["shape"], r["concurrency"]))
         ratio = f"{r['output_tokens_per_s'] / a['output_tokens_per_s']:.2f}x" if a else "n/a"
@@ -206,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     result["transformers"] = transformers.__version__
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0

@@ -2,7 +2,8 @@
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
 # come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs engine trainer delta ipc packing (default: all, in that order).
+# parts: env logprobs engine trainer delta ipc packing (default: all, in that order); engine2: the CUDA-graph
+# engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/gpu_suite_out}
@@ -21,10 +22,15 @@ for part in $parts; do
     env)
       { nvidia-smi; python3 -c "import torch, transformers, megatron.core as m; print(torch.__version__, torch.version.cuda, transformers.__version__, m.__version__)"; } 2>&1 | tee "$OUT/env.txt" ;;
     logprobs)
-      timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_logprobs.py 2>&1 | tail -5 | tee "$OUT/logprobs_cuda.txt" ;;
+      timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
+        2>&1 | tail -5 | tee "$OUT/logprobs_cuda.txt" ;;
     engine)
       timeout 330 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b qwen2-1.5b \
         --concurrency 1 32 128 256 --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i warn | tail -25 ;;
+    engine2)
+      timeout 300 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b qwen2-1.5b \
+        --concurrency 1 32 128 256 --engine-modes static --hf-modes static eager --hf-shapes qwen2-0.5b \
+        --hf-concurrency 1 128 --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -30 ;;
     trainer)
       timeout 200 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
         --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants padded:fresh packed:reuse \

@@ -34,6 +34,7 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     enable_memory_saver: bool = False
+    static_kv: bool | None = None  # fixed KV buffers + CUDA-graph decode steps; None: on CUDA
 
 
 class WeightUpdateError(ValueError):
@@ -49,8 +50,12 @@ class Engine:
         self.config = config
         self.model_path = config.model_path
         self.runner = runner or ModelRunner(
-            config.model_path, dtype=config.dtype, device=config.device, memory_saver=config.enable_memory_saver
+            config.model_path, dtype=config.dtype, device=config.device, memory_saver=config.enable_memory_saver,
+            static_kv=config.static_kv,
         )
+        from agentrl.engine.model_runner import decode_bucket
+
+        self.runner.static_rows = decode_bucket(config.max_batch_size)  # static KV buffers: no regrowth
         self.weight_version = config.weight_version
         self.metrics = EngineMetrics()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)

@@ -3,12 +3,20 @@
 KV layout: a running batch keeps, per layer, keys/values ``[B, kv_heads, T, head_dim]`` with each row's
 real tokens in its last ``length`` columns (left padding). Every row gets exactly one token per decode
 step, so padding stays on the left; positions are passed explicitly, so padding never shifts RoPE.
+
+Two holders of that layout. :class:`BatchKV` (the default): tensors exactly as wide as the batch, rebuilt
+when rows join or leave. :class:`StaticBatchKV` (``ModelRunner(static_kv=True)``, the default on CUDA):
+fixed ``[rows, kv_heads, columns, head_dim]`` buffers whose row ``i`` holds its tokens in the columns just
+before ``width`` (the column every row's next token goes to); attention runs over all columns with a
+mask. Fixed shapes and addresses let each decode batch size (rounded up to a bucket) be one captured CUDA
+graph: a step is then a replay instead of hundreds of Python-launched kernels.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +80,157 @@ class BatchKV:
             parts_v += [_pad_left(kv[li][1].unsqueeze(0), width) for kv in kvs]
             layers.append((torch.cat(parts_k, dim=0), torch.cat(parts_v, dim=0)))
         return BatchKV(_make_cache(layers), lengths)
+
+
+_GENERATIONS = itertools.count(1)  # buffer generations, unique across batches: graphs are keyed by them
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def decode_bucket(n: int) -> int:
+    """The captured batch size a decode step of ``n`` rows runs at (rows past ``n`` are idle)."""
+    return next((b for b in DECODE_BUCKETS if b >= n), -(-n // 64) * 64)
+
+
+class StaticBatchKV:
+    """The running batch's KV in fixed buffers (see module docstring); mutated in place.
+
+    Row ``i`` holds its ``lengths[i]`` tokens in columns ``[width - lengths[i], width)``; the next decode step
+    writes every row's new token at column ``width``. Columns outside a row's span hold finite leftovers
+    (buffers start zeroed; every write is a real K/V), which the mask hides. ``generation`` changes whenever
+    the buffers are reallocated, which invalidates graphs captured on the old ones.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, rows: int, columns: int = 1024) -> None:
+        self.shape = (layers, kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []
+        self.width = 0
+        self.generation = 0
+        self._allocate(rows, columns)
+
+    # -- storage ------------------------------------------------------------------------------------
+    def _allocate(self, rows: int, columns: int) -> None:
+        import torch
+
+        layers, heads, dim = self.shape
+        with torch.inference_mode():
+            keys = [torch.zeros((rows, heads, columns, dim), dtype=self.dtype, device=self.device) for _ in range(layers)]
+            values = [torch.zeros_like(k) for k in keys]
+            n, w = len(self.lengths), self.width
+            for old, new in zip(self.keys, keys, strict=False):
+                new[:n, :, :w] = old[:n, :, :w]
+            for old, new in zip(self.values, values, strict=False):
+                new[:n, :, :w] = old[:n, :, :w]
+        self.keys, self.values = keys, values
+        self.generation = next(_GENERATIONS)
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def columns(self) -> int:
+        return self.keys[0].shape[2]
+
+    def _shift(self, by: int) -> None:
+        """Move every row's tokens ``by`` columns (right if positive); ``width`` follows."""
+        import torch
+
+        n, w = len(self.lengths), self.width
+        if n == 0:
+            self.width = 0
+            return
+        lo = w - max(self.lengths)
+        with torch.inference_mode():
+            for buf in (*self.keys, *self.values):
+                buf[:n, :, lo + by : w + by] = buf[:n, :, lo:w].clone()
+        self.width = w + by
+
+    def reserve(self, rows: int, new_lengths: tuple[int, ...] = ()) -> None:
+        """Room for ``rows`` rows and, after rows of ``new_lengths`` join, one more column: columns that are
+        padding in every row are dropped first, then the buffers grow (columns to a power of two)."""
+        def needed() -> int:
+            return max(self.width, *new_lengths) + 1 if new_lengths else self.width + 1
+
+        if needed() > self.columns and self.lengths:
+            self._shift(max(self.lengths) - self.width)  # left-compact
+        if rows > self.rows or needed() > self.columns:
+            self._allocate(max(rows, self.rows), max(self.columns, 1 << (needed() - 1).bit_length()))
+
+    # -- the BatchKV interface ----------------------------------------------------------------------
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n, w = len(self.lengths), self.width
+        return [(k[:n, :, :w], v[:n, :, :w]) for k, v in zip(self.keys, self.values, strict=True)]
+
+    def row(self, i: int) -> KV:
+        n, w = self.lengths[i], self.width
+        return [(k[i, :, w - n : w].clone(), v[i, :, w - n : w].clone()) for k, v in zip(self.keys, self.values, strict=True)]
+
+    def select(self, rows: list[int]) -> StaticBatchKV:
+        import torch
+
+        if rows != list(range(len(rows))):
+            idx = torch.tensor(rows, device=self.device)
+            with torch.inference_mode():
+                for buf in (*self.keys, *self.values):
+                    buf[: len(rows)] = buf.index_select(0, idx)
+        self.lengths = [self.lengths[i] for i in rows]
+        if not rows:
+            self.width = 0
+        return self
+
+    def extend(self, kvs: list[KV]) -> StaticBatchKV:
+        import torch
+
+        if not kvs:
+            return self
+        new = [kv[0][0].shape[1] for kv in kvs]
+        self.reserve(len(self.lengths) + len(kvs), tuple(new))
+        width = max(self.width, *new)
+        if not self.lengths:
+            self.width = width
+        elif width > self.width:
+            self._shift(width - self.width)
+        n = len(self.lengths)
+        with torch.inference_mode():
+            for j, kv in enumerate(kvs):
+                for li, (k, v) in enumerate(kv):
+                    self.keys[li][n + j, :, width - new[j] : width] = k
+                    self.values[li][n + j, :, width - new[j] : width] = v
+        self.lengths = [*self.lengths, *new]
+        return self
+
+
+def _static_cache(keys: list[torch.Tensor], values: list[torch.Tensor], column: torch.Tensor):
+    """A transformers cache whose layers write the step's K/V at ``column`` (a device tensor) of fixed buffers
+    and hand attention the whole buffers (the mask hides what is not a row's own)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layers = [_static_layer_class()(k, v, column) for k, v in zip(keys, values, strict=True)]
+    return cache
+
+
+@functools.cache
+def _static_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class StaticColumnLayer(DynamicLayer):
+        def __init__(self, keys, values, column) -> None:
+            super().__init__()
+            self.keys, self.values, self._column = keys, values, column
+            self.dtype, self.device = keys.dtype, keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys.index_copy_(2, self._column, key_states)
+            self.values.index_copy_(2, self._column, value_states)
+            return self.keys, self.values
+
+    return StaticColumnLayer
 
 
 def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -149,8 +308,12 @@ class ModelRunner:
     """Loads a causal LM + tokenizer from a local directory and runs its forward passes."""
 
     def __init__(
-        self, model_path: str, *, dtype: str = "float32", device: str | None = None, memory_saver: bool = False
+        self, model_path: str, *, dtype: str = "float32", device: str | None = None, memory_saver: bool = False,
+        static_kv: bool | None = None, cuda_graphs: bool | None = None,
     ) -> None:
+        """``static_kv``: hold the running batch in :class:`StaticBatchKV` (default: on CUDA); ``cuda_graphs``:
+        replay captured decode steps (default: with ``static_kv`` on CUDA; a capture that fails falls back to
+        running the step eagerly, logged once)."""
         import contextlib
 
         import torch
@@ -177,6 +340,23 @@ class ModelRunner:
         self.eos_token_ids: set[int] = _eos_ids(self.model, self.tokenizer)
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        on_cuda = self.device.type == "cuda"
+        self.static_kv = on_cuda if static_kv is None else static_kv
+        self.cuda_graphs = bool(self.static_kv and on_cuda and (True if cuda_graphs is None else cuda_graphs))
+        self.static_rows = 64  # initial buffer rows; the engine sets its max batch size
+        self._graphs: dict[tuple[int, int], Any] = {}  # (bucket, buffer generation) -> captured step
+        self._graph_pool = None
+        self._graph_failed = False
+        self._weights_key: tuple[int, ...] | None = None
+
+    def empty_batch(self) -> BatchKV | StaticBatchKV:
+        """A batch with no rows, of the kind this runner decodes."""
+        if not self.static_kv:
+            return BatchKV.empty()
+        cfg = self.model.config
+        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        return StaticBatchKV(int(cfg.num_hidden_layers), heads, dim, self.dtype, self.device, self.static_rows)
 
     # ---- forward passes -------------------------------------------------------------------------
     def prefill(self, items: list[tuple[list[int], KV | None]]) -> tuple[torch.Tensor, list[KV]]:
@@ -236,10 +416,12 @@ class ModelRunner:
             ])
         return out.logits[:, -1], kvs
 
-    def decode(self, batch: BatchKV, tokens: list[int]) -> tuple[torch.Tensor, BatchKV]:
+    def decode(self, batch: BatchKV | StaticBatchKV, tokens: list[int]) -> tuple[torch.Tensor, BatchKV | StaticBatchKV]:
         """Feed one token per row; return logits [B, V] and the batch KV (grown in place)."""
         import torch
 
+        if isinstance(batch, StaticBatchKV):
+            return self._decode_static(batch, tokens)
         width = batch.width
         lengths = torch.tensor(batch.lengths, device=self.device)
         cols = torch.arange(width + 1, device=self.device)
@@ -255,6 +437,92 @@ class ModelRunner:
                 **{self._cache_arg: batch.cache},
             )
         return out.logits[:, -1], BatchKV(batch.cache, [n + 1 for n in batch.lengths])
+
+    def _decode_static(self, batch: StaticBatchKV, tokens: list[int]) -> tuple[torch.Tensor, StaticBatchKV]:
+        import torch
+
+        n = len(tokens)
+        bucket = decode_bucket(n)
+        batch.reserve(bucket)
+        width = batch.width
+        lengths = torch.tensor(batch.lengths + [0] * (bucket - n), device=self.device)
+        step = self._static_step(batch, bucket)
+        with torch.inference_mode():
+            step["ids"].copy_(torch.tensor(tokens + [0] * (bucket - n), device=self.device).unsqueeze(1))
+            step["positions"].copy_(lengths.unsqueeze(1))
+            step["column"].fill_(width)
+            cols = torch.arange(batch.columns, device=self.device)
+            # row i sees its own span and the new column; idle rows only the new column (finite, discarded)
+            allowed = (cols.unsqueeze(0) >= (width - lengths).unsqueeze(1)) & (cols.unsqueeze(0) <= width)
+            step["mask"].copy_(torch.where(allowed, 0.0, torch.finfo(self.dtype).min)[:, None, None, :])
+        if self.cuda_graphs and not self._graph_failed and step["graph"] is None:
+            self._capture(step)  # with this step's inputs in place: its warm-up writes only column ``width``
+        with torch.inference_mode():
+            if step["graph"] is not None:
+                step["graph"].replay()
+            else:
+                step["run"]()
+        batch.lengths = [length + 1 for length in batch.lengths]
+        batch.width = width + 1
+        return step["logits"][:n], batch
+
+    def _static_step(self, batch: StaticBatchKV, bucket: int) -> dict[str, Any]:
+        """The decode step for ``bucket`` rows over ``batch``'s buffers: static inputs, and a CUDA graph of it
+        when graphs are on (captured on first use; dropped when buffers or weights move)."""
+        import torch
+
+        weights_key = tuple(p.data_ptr() for p in self.model.parameters())
+        if weights_key != self._weights_key:  # memory released/resumed: parameters moved
+            self._graphs.clear()
+            self._weights_key = weights_key
+        key = (bucket, batch.generation)
+        if key in self._graphs:
+            return self._graphs[key]
+        for old in [k for k in self._graphs if k[1] != batch.generation]:
+            del self._graphs[old]
+        dev = self.device
+        with torch.inference_mode():
+            step: dict[str, Any] = {
+                "ids": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                "positions": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                "column": torch.zeros(1, dtype=torch.long, device=dev),
+                "mask": torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev),
+                "graph": None,
+            }
+        cache = _static_cache([k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values], step["column"])
+
+        def run() -> torch.Tensor:
+            out = self.model(input_ids=step["ids"], attention_mask=step["mask"], position_ids=step["positions"],
+                             use_cache=True, **{self._cache_arg: cache})
+            return out.logits[:, -1]
+
+        step["run"] = lambda: step.__setitem__("logits", run())
+        step["forward"] = run
+        self._graphs[key] = step
+        return step
+
+    def _capture(self, step: dict[str, Any]) -> None:
+        import logging
+
+        import torch
+
+        try:
+            with torch.inference_mode():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step["forward"]()
+                torch.cuda.current_stream().wait_stream(side)
+                if self._graph_pool is None:
+                    self._graph_pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    step["logits"] = step["forward"]()
+            step["graph"] = graph
+        except Exception:  # noqa: BLE001 - eager steps are correct, only slower
+            logging.getLogger(__name__).exception("CUDA graph capture failed; decoding eagerly from now on")
+            self._graph_failed = True
+            torch.cuda.synchronize()
 
     # ---- weights ------------------------------------------------------------------------------
     def named_tensors(self) -> dict[str, torch.Tensor]:

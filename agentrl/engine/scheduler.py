@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentrl.engine.model_runner import BatchKV
 from agentrl.engine.protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -91,7 +90,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.admitting: list[Sequence] = []  # popped from the queue, being prefilled (abortable too)
-        self.batch = BatchKV.empty()
+        self.batch = self.runner.empty_batch()
         self.paused = False
         self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._cond = threading.Condition()
@@ -144,7 +143,7 @@ class Scheduler:
             elif mode == "retract":
                 for seq in reversed(self.running):
                     self.waiting.appendleft(seq)
-                self.running, self.batch = [], BatchKV.empty()
+                self.running, self.batch = [], self.runner.empty_batch()
 
         self.call(op).result()
 
@@ -195,7 +194,7 @@ class Scheduler:
                 with self._cond:
                     failed = [*self.running, *self.admitting, *self.waiting]
                     self.running, self.admitting, self.waiting = [], [], deque()
-                    self.batch = BatchKV.empty()
+                    self.batch = self.runner.empty_batch()
                 for seq in failed:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
 

@@ -1,0 +1,86 @@
+"""StaticBatchKV (fixed KV buffers, the CUDA-graph decode layout) decodes exactly like the plain left-padded
+BatchKV and like HF, through rows joining, leaving, compaction and buffer growth; here eagerly on CPU (the
+graph replays the same step)."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from agentrl.engine.model_runner import BatchKV, ModelRunner, StaticBatchKV, decode_bucket
+
+TOL = 1e-5  # fp32; attention over masked extra columns changes only the summation order
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_model):
+    plain = ModelRunner(str(tiny_model), dtype="float32", device="cpu", static_kv=False)
+    static = ModelRunner(str(tiny_model), dtype="float32", device="cpu", static_kv=True)
+    static.static_rows = 2  # tiny buffers: joining rows must grow them
+    return plain, static
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), -1)
+
+
+def test_static_batch_decodes_like_the_padded_batch_through_joins_leaves_and_growth(runners):
+    plain, static = runners
+    assert isinstance(static.empty_batch(), StaticBatchKV) and isinstance(plain.empty_batch(), BatchKV)
+    rng = random.Random(0)
+    prompts = [[1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(3, 40))] for _ in range(7)]
+    a, b = plain.empty_batch(), static.empty_batch()
+    b.keys = [k[:, :, :48] for k in b.keys]  # start narrow: decoding past 48 columns must compact or grow
+    b.values = [v[:, :, :48] for v in b.values]
+    tokens: list[int] = []
+    for step in range(60):
+        if step in (0, 5, 23):  # rows join (different lengths: the batch widens, rows shift right)
+            new = prompts[: 3] if step == 0 else prompts[3:5] if step == 5 else prompts[5:]
+            _, kvs = plain.prefill([(p, None) for p in new])
+            a, b = a.extend(kvs), b.extend(kvs)
+            tokens += [rng.randrange(3, 1000) for _ in new]
+        if step in (12, 40):  # rows leave (the longest first: columns become padding in every row)
+            keep = [i for i in range(len(tokens)) if i != 0 and i != len(tokens) - 2]
+            a, b = a.select(keep), b.select(keep)
+            tokens = [tokens[i] for i in keep]
+        la, a = plain.decode(a, tokens)
+        lb, b = static.decode(b, tokens)
+        assert a.lengths == b.lengths
+        assert (_logprobs(la) - _logprobs(lb)).abs().max().item() < TOL, step
+        for i in range(len(tokens)):  # each row's KV is the same tokens' KV
+            for (ka, va), (kb, vb) in zip(a.row(i), b.row(i), strict=True):
+                assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
+        tokens = la.argmax(-1).tolist()
+    assert b.generation > 1 and b.rows >= 5  # the buffers did grow
+
+
+def test_decode_buckets_cover_every_size():
+    assert [decode_bucket(n) for n in (1, 3, 17, 64, 65, 256, 600)] == [1, 4, 24, 64, 96, 256, 640]
+
+
+def test_engine_with_static_kv_returns_hf_log_probs(tiny_model, hf_model, hf_logprobs):
+    from conftest import ServerThread
+
+    rng = random.Random(1)
+    prompts = [[1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
+    sp = {"max_new_tokens": 10, "temperature": 1.1, "ignore_eos": True}
+    with ServerThread(tiny_model, static_kv=True, max_batch_size=8) as server:
+        assert isinstance(server.engine.scheduler.batch, StaticBatchKV)
+
+        def generate(p):
+            r = httpx.post(server.url + "/generate", json={"input_ids": p, "sampling_params": sp,
+                                                            "return_logprob": True}, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(generate, prompts))
+    for p, out in zip(prompts, outs, strict=True):
+        ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        ref = hf_logprobs(hf_model, p, out["output_ids"], 1.1)
+        assert len(ours) == len(ref) == 10
+        assert max(abs(x - y) for x, y in zip(ours, ref, strict=True)) < TOL
