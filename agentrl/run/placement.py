@@ -126,6 +126,17 @@ def connect(settings: RaySettings, *, env_vars: dict[str, str], default_cpus: in
     return {"cluster": "connected", "address": address}
 
 
+def absolute_paths(cfg: Any) -> Any:
+    """``cfg`` (a RunConfig) with ``output_dir``, ``cache_dir`` and ``model.path`` made absolute: actors on
+    a cluster run in their node's directory, not the driver's, so a relative path would name another place.
+    Unchanged for a local cluster (its actors share the driver's directory; cache keys stay as they were)."""
+    if cluster_address(cfg.ray) is None:
+        return cfg
+    model = cfg.model.model_copy(update={"path": str(Path(cfg.model.path).resolve())}) if cfg.model.path else cfg.model
+    return cfg.model_copy(update={"output_dir": str(Path(cfg.output_dir).resolve()),
+                                  "cache_dir": str(Path(cfg.cache_dir).resolve()), "model": model})
+
+
 # -------------------------------------------------------------------------------------------- reserve
 
 

@@ -37,7 +37,9 @@ class Run:
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> None:
         """Claims the output directory (:func:`claim_output_dir`) before anything starts."""
-        self.cfg = cfg
+        from agentrl.run.placement import absolute_paths
+
+        self.cfg = cfg = absolute_paths(cfg)  # actors on a cluster do not run in this directory
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         claim_output_dir(self.out, resume=resume, overwrite=overwrite)

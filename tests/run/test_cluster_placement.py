@@ -195,3 +195,17 @@ def test_every_config_in_the_cluster_docs_is_valid() -> None:
     for block in blocks:
         cfg = RunConfig.model_validate(yaml.safe_load(block))
         check_shape(cfg.ray, ranks=cfg.trainer_ranks, engines=cfg.rollout.num_engines, colocate=cfg.colocate)
+
+
+def test_paths_become_absolute_on_a_cluster_only(monkeypatch, tmp_path) -> None:
+    from agentrl.run.config import load_config
+    from agentrl.run.placement import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["--output_dir", "runs/x", "--cache_dir", "c", "--model.path", "m"])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert absolute_paths(cfg) is cfg  # local: as given (the local cache keys stay what they were)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # actors there do not run in this directory
+    moved = absolute_paths(cfg)
+    assert (moved.output_dir, moved.cache_dir, moved.model.path) == (
+        str(tmp_path / "runs/x"), str(tmp_path / "c"), str(tmp_path / "m"))
