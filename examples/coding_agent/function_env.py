@@ -6,7 +6,8 @@ the task's prompt (signature + docstring) + ``code`` as the body; ``run_tests()`
 examples against it; ``submit()`` ends the episode. One sandbox per episode from a process-wide pool
 (taken on the first ``write``/``run_tests``, reset and given back by ``close()``). The reward is 1.0 when
 ``solution.py``, copied out of the agent's sandbox, passes every hidden test in a grading sandbox
-(:class:`agentrl.sandbox.PooledGrader`), else 0.0.
+(:class:`agentrl.sandbox.PooledGrader`), else 0.0; an episode that wrote nothing is graded too (the
+tests fail to import a solution), so every reward comes from a sandbox execution.
 
 Two task families, one environment: ``family="oneliner"`` (:mod:`examples.coding_agent.oneliners`, the
 training family) and ``family="humaneval"`` (the 164 HumanEval problems, the held-out "real" benchmark).
@@ -188,16 +189,19 @@ class FunctionEnv(Environment):
         from agentrl.sandbox import SandboxError
         from agentrl.sandbox.blocking import run_blocking
 
-        if self._failure is None and self._acquiring is None:
-            return 0.0  # no tool ever needed a sandbox: nothing was written
         try:
             if self._failure is None:
-                sandbox = await self.sandbox()
                 _, grader = self._shared()
-                async with METER.timed("grade"):
-                    self.grade = await run_blocking(grader.grade_from, sandbox, [SOLUTION_FILE], hidden_tests(self.task))
-                if not self.grade.passed:  # "missing" or a crash may mean the sandbox died, not the solution
-                    await self._check(sandbox, "grading")
+                tests = hidden_tests(self.task)
+                if self._acquiring is None:  # nothing written: the tests still run, against no solution
+                    async with METER.timed("grade"):
+                        self.grade = await run_blocking(grader.grade, {}, tests)
+                else:
+                    sandbox = await self.sandbox()
+                    async with METER.timed("grade"):
+                        self.grade = await run_blocking(grader.grade_from, sandbox, [SOLUTION_FILE], tests)
+                    if not self.grade.passed:  # "missing" or a crash may mean the sandbox died
+                        await self._check(sandbox, "grading")
         except SandboxError as exc:
             self._failure = f"grading failed: {exc}"
         if self._failure is not None:

@@ -245,13 +245,16 @@ def test_pooled_grader_agrees_with_the_fresh_grader_and_leaks_nothing(docker, sa
     assert not [p for p in Path(pooled._root).iterdir() if p.name != "grade_runner.py"]  # tests removed
 
 
-def _kill_when(predicate, container_of, timeout=60.0) -> threading.Thread:
-    """Kill the container ``container_of()`` names once ``predicate()`` holds (from a thread)."""
+def _kill_when(find, timeout=120.0) -> threading.Thread:
+    """From a thread: kill the container ``find()`` names as soon as it names one."""
     def run():
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not predicate():
-            time.sleep(0.01)
-        docker_api().kill(container_of())
+        while time.monotonic() < deadline:
+            container = find()
+            if container:
+                docker_api().kill(container)
+                return
+            time.sleep(0.05)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -278,7 +281,7 @@ def test_a_killed_sandbox_fails_its_episode_and_is_dropped_from_training(docker,
                 await asyncio.to_thread(killer.join, 30)  # run_tests comes after the container is gone
             return result
 
-    killer = _kill_when(written.is_set, lambda: victim["container"])
+    killer = _kill_when(lambda: written.is_set() and victim["container"])
     policy = ScriptedPolicy(renderer.tokenizer, expert_replies(task))
     result = asyncio.run(generate_rollout(functools.partial(Env, pool=pool, grader=grader), [task], policy, renderer,
                                           n_samples_per_task=2, concurrency=2))
@@ -300,25 +303,19 @@ def test_a_grading_sandbox_killed_mid_grade_fails_the_episode(docker, renderer, 
     pool, grader = sandboxes
     task = make_tasks(1, seed=6)[0]
     body = "import time\ntime.sleep(3)\n" + oneliners.solution_body(task)  # correct, and slow enough to kill
-    grading = []
 
-    def grader_container():
-        ids = [c["Id"] for c in docker_api().containers(filters={"label": ["agentrl.role=grader", "agentrl.example=coding_agent",
-                                                                         f"agentrl.owner_pid={os.getpid()}"]})]
-        assert len(ids) == 1
-        return ids[0]
+    def grading_container():
+        """The grading container while the hidden tests run in it (each call of f sleeps 3 s)."""
+        mine = {"label": ["agentrl.role=grader", "agentrl.example=coding_agent", f"agentrl.owner_pid={os.getpid()}"]}
+        for container in docker_api().containers(filters=mine):
+            processes = docker_api().top(container["Id"]).get("Processes") or []
+            if any("grade_runner.py" in " ".join(p) for p in processes):
+                return container["Id"]
+        return None
 
-    def grading_started():
-        return bool(grading) and time.monotonic() > grading[0] + 1.0
-
-    class Env(FunctionEnv):
-        async def reward(self):
-            grading.append(time.monotonic())
-            return await FunctionEnv.reward(self)
-
-    killer = _kill_when(grading_started, grader_container)
+    killer = _kill_when(grading_container)
     with pytest.raises(SandboxFailure, match="grading"):
-        play(renderer, task, [call("write", code=body), call("submit")], sandboxes, env_cls=Env)
+        play(renderer, task, [call("write", code=body), call("submit")], sandboxes)
     killer.join(10)
     result, _ = play(renderer, task, expert_replies(task), sandboxes)  # the grader pool recovered
     assert result.metrics.reward == 1.0
@@ -355,8 +352,8 @@ def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_p
     label = {"label": [f"agentrl.example={LABELS['agentrl.example']}"]}
     before = {c["Id"] for c in api.containers(all=True, filters=label)}
     out = tmp_path / "run"
-    small = ["--cache_dir", str(tmp_path / "cache"), "--steps", "2", "--warmup.max_steps", "3",
-             "--warmup.check_every", "3", "--warmup.num_conversations", "16", "--warmup.batch_size", "8",
+    small = ["--cache_dir", str(tmp_path / "cache"), "--steps", "2", "--warmup.max_steps", "4",
+             "--warmup.check_every", "2", "--warmup.num_conversations", "16", "--warmup.batch_size", "8",
              "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "2",
              "--rollout.max_new_tokens", "24", "--eval.every", "2", "--eval.num_tasks", "4"]
     assert main([str(CONFIG), "--output-dir", str(out), *small]) == 0
@@ -367,8 +364,10 @@ def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_p
         assert row["rollout/episodes"] == 4 and row["rollout/unproven_trained_tokens"] == 0
         assert row["env/sandbox/pool_size"] == FunctionEnv.pool_size
         assert row["env/sandbox/grader_pool_size"] == FunctionEnv.grader_pool_size
-        assert row["env/sandbox/containers"] == FunctionEnv.pool_size + FunctionEnv.grader_pool_size
+        # The grading pool always runs; agent sandboxes start with the first episode that writes.
+        assert FunctionEnv.grader_pool_size <= row["env/sandbox/containers"] <= (
+            FunctionEnv.pool_size + FunctionEnv.grader_pool_size)
         graded = row["rollout/episodes"] - row["rollout/failed"]
-        assert row["env/sandbox/execs"] >= graded  # at least one grade per episode that wrote a file
+        assert graded > 0 and row["env/sandbox/execs"] >= graded  # every reward came from a grade
     left = [c for c in api.containers(all=True, filters=label) if c["Id"] not in before]
     assert left == [], [c["Names"] for c in left]
