@@ -122,14 +122,33 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
     }
 
 
-def run_loop(args: argparse.Namespace, loop: str) -> dict[str, Any]:
+def run_loop(args: argparse.Namespace, loop: str, attempts: int = 3) -> dict[str, Any]:
+    """One loop's run; a run that died before its first GRPO step (Ray's head timing out on a loaded
+    machine, as seen here) is started again, up to ``attempts`` times."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_once(args, loop)
+        except RunFailed as failed:
+            started_grpo = (args.runs_dir / loop / "metrics.jsonl").exists() and '"step": 1' in (
+                args.runs_dir / loop / "metrics.jsonl").read_text()
+            if started_grpo or attempt == attempts:
+                raise SystemExit(str(failed)) from None
+            print(f"async_bench: {failed}; starting it again", flush=True)
+    raise AssertionError("unreachable")
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def run_once(args: argparse.Namespace, loop: str) -> dict[str, Any]:
     out = args.runs_dir / loop
     cmd = [sys.executable, "-m", "agentrl.run.cli", str(args.config), "--output-dir", str(out), "--overwrite",
            *overrides(args, loop)]
     meter = EngineIdleMeter(out)
     meter.start()
     started = time.monotonic()
-    log = (args.runs_dir / f"{loop}.log").open("w")
+    log = (args.runs_dir / f"{loop}.log").open("a")
     print(f"async_bench: {loop}: {' '.join(cmd)}", flush=True)
     try:
         proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=args.minutes * 60 + 1800)
@@ -138,7 +157,7 @@ def run_loop(args: argparse.Namespace, loop: str) -> dict[str, Any]:
         meter.join(5)
         log.close()
     if proc.returncode != 0:
-        raise SystemExit(f"async_bench: the {loop} run failed (exit {proc.returncode}); see {args.runs_dir / f'{loop}.log'}")
+        raise RunFailed(f"async_bench: the {loop} run failed (exit {proc.returncode}); see {args.runs_dir / f'{loop}.log'}")
     return summarise(out, loop, meter.idle_fraction(), time.monotonic() - started)
 
 
