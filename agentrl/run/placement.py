@@ -85,8 +85,10 @@ class RaySettings(Settings):
 
 
 def cluster_address(settings: RaySettings) -> str | None:
-    """The cluster to join: ``ray.address``, else ``$RAY_ADDRESS``, else ``None`` (start a local one)."""
-    return settings.address or os.environ.get(ADDRESS_ENV) or None
+    """The cluster to join: ``ray.address``, else ``$RAY_ADDRESS``, else ``None`` (start a local one, as
+    Ray's own ``local`` means)."""
+    address = settings.address or os.environ.get(ADDRESS_ENV) or None
+    return None if address == "local" else address
 
 
 def _token_available() -> bool:

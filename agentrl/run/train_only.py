@@ -26,7 +26,9 @@ def train_from_samples(cfg: RunConfig, samples_path: str | Path) -> Path:
         groups.setdefault(str(sample.group_id), []).append(sample)
     buffer = DataBuffer(load_function(cfg.group_filter))
     buffer.add_groups(groups.values())
-    ray.init(num_cpus=max(4, cfg.trainer_ranks + 1), include_dashboard=False)
+    from agentrl.run import placement
+
+    placement.connect(cfg.ray, env_vars={"TOKENIZERS_PARALLELISM": "false"}, default_cpus=max(4, cfg.trainer_ranks + 1))
     try:
         trainers = start_trainer_group(base_model_dir(cfg), cfg.trainer.model_dump(), cfg.rollout.temperature,
                                        cfg.trainer_ranks)

@@ -209,3 +209,13 @@ def test_paths_become_absolute_on_a_cluster_only(monkeypatch, tmp_path) -> None:
     moved = absolute_paths(cfg)
     assert (moved.output_dir, moved.cache_dir, moved.model.path) == (
         str(tmp_path / "runs/x"), str(tmp_path / "c"), str(tmp_path / "m"))
+
+
+def test_ray_address_local_starts_a_local_cluster_as_in_ray(monkeypatch) -> None:
+    from agentrl.run.placement import RaySettings, cluster_address
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert cluster_address(RaySettings()) is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert cluster_address(RaySettings()) == "10.0.0.5:6379"
+    assert cluster_address(RaySettings(address="local")) is None
