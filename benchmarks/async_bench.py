@@ -141,10 +141,50 @@ class RunFailed(RuntimeError):
     pass
 
 
+class RayHead:
+    """One local Ray head for every run (``ray start --head --block``, this process's child): on this
+    loaded machine a run's own ``ray.init`` often missed Ray's fixed 30 s raylet deadline. Started again
+    until it comes up; stopped by signalling its own process group."""
+
+    def __init__(self, log: Path, num_cpus: int = 4, attempts: int = 5) -> None:
+        import os
+        import signal
+
+        from agentrl.engine.launch import free_port
+
+        self.log, self.os, self.signal = log, os, signal
+        for _ in range(attempts):
+            self.address = f"127.0.0.1:{free_port()}"
+            with log.open("a") as f:
+                self.proc = subprocess.Popen(
+                    ["ray", "start", "--head", "--block", "--port", self.address.split(":")[1],
+                     f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"],
+                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if "Ray runtime started" in log.read_text():
+                    return
+                time.sleep(1)
+            self.stop()
+            print("async_bench: the Ray head did not start; trying again", flush=True)
+        raise SystemExit(f"async_bench: no Ray head after {attempts} attempts; see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.os.killpg(self.proc.pid, self.signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.os.killpg(self.proc.pid, self.signal.SIGKILL)
+        self.log.write_text(self.log.read_text().replace("Ray runtime started", "Ray runtime was started"))
+
+
 def run_once(args: argparse.Namespace, loop: str) -> dict[str, Any]:
     out = args.runs_dir / loop
     cmd = [sys.executable, "-m", "agentrl.run.cli", str(args.config), "--output-dir", str(out), "--overwrite",
            *overrides(args, loop)]
+    if args.ray_address:  # engines stay the rollout actor's children, as in a local run
+        cmd += ["--ray.address", args.ray_address, "--ray.place_engines", "false"]
     meter = EngineIdleMeter(out)
     meter.start()
     started = time.monotonic()
@@ -187,9 +227,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="an already warmed-up tiny model dir (e.g. a warm-* dir of an arithmetic run's cache): "
                         "no warm-up; without it the first run warms the tiny model up (cached in --cache-dir)")
     p.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "async_bench.json")
+    p.add_argument("--own-ray", action="store_true", help="let each run start its own local Ray (no shared head)")
     args = p.parse_args(argv)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    results = {loop: run_loop(args, loop) for loop in args.loops.split(",")}
+    head = None if args.own_ray else RayHead(args.runs_dir / "ray_head.log")
+    args.ray_address = None if head is None else head.address
+    try:
+        results = {loop: run_loop(args, loop) for loop in args.loops.split(",")}
+    finally:
+        if head is not None:
+            head.stop()
     base = results.get("sync", {}).get("episodes_per_minute")
     for r in results.values():
         r["speedup_vs_sync"] = round(r["episodes_per_minute"] / base, 2) if base else None
