@@ -66,6 +66,8 @@ def model_dir(tmp_path: Path) -> Path:
     import shutil
 
     out = tmp_path / "model"
+    if out.exists():
+        return out
     shutil.copytree(TOKENIZER_DIR, out)
     (out / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
     return out
@@ -266,6 +268,48 @@ def test_a_hanging_agent_times_out_and_a_crash_loop_fails_the_step_with_its_log(
     assert "ran past 1.0 s" in str(err) and "thinking" in str(err)  # the agent's own stderr, from its log
     assert agents.counts["timeouts"] >= 3
     assert not any(alive(p) for p in pids)
+
+
+def test_a_dropped_session_fails_its_episode_and_turns_past_the_env_limit_are_refused(tmp_path) -> None:
+    # Asks the model six times whatever it says (the env allows four replies); with --drop it gives up
+    # its session instead (DELETE /sessions/<id>).
+    stubborn = write_agent(tmp_path, "stubborn.py", """
+import urllib.request
+import openai
+client = openai.OpenAI(max_retries=0)
+for line in sys.stdin:
+    task = json.loads(line)
+    refused = []
+    for _ in range(6):
+        try:
+            client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': task['prompt']}],
+                                           user=task['session_id'])
+        except openai.BadRequestError as err:
+            refused.append(err.code)
+    if '--drop' in sys.argv:
+        request = urllib.request.Request(os.environ['OPENAI_BASE_URL'].rsplit('/v1', 1)[0] + '/sessions/'
+                                         + task['session_id'], method='DELETE',
+                                         headers={'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request).read()
+    print(json.dumps(refused), flush=True)
+""")
+
+    async def run(command):
+        agents = pool(tmp_path, command, copies=1, session_id_from="user")
+        try:
+            return await play(agents, make_tasks(1, seed=7, multi_turn=True), 1)
+        finally:
+            await agents.stop()
+
+    result, manager, policy = asyncio.run(run(stubborn))
+    (episode,) = result.episodes
+    assert episode.metrics.error is None and episode.metrics.turns == ArithmeticToolEnv.max_turns == 4
+    assert str(episode.metrics.stop_reason) == "max_turns" and len(policy.sampling) == 4
+    assert episode.samples and all(unproven_trained_tokens(s) == 0 for s in episode.samples)
+
+    result, manager, _ = asyncio.run(run(stubborn + " --drop"))
+    (episode,) = result.episodes
+    assert episode.metrics.error_type == "EpisodeDropped" and not episode.samples and not manager.sessions
 
 
 def test_one_shot_agents_and_their_children_leave_no_process(tmp_path) -> None:
