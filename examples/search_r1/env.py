@@ -26,8 +26,8 @@ class SearchR1Env(Environment):
     answer tag), so a run's ``eval_accuracy`` is held-out exact match."""
 
     max_turns = 4  # two hops, the answer, one spare search
-    top_k = 3
-    snippet_chars = 72  # per hit: a long list of neighbours is clipped (the country it belongs to comes first)
+    top_k = 2
+    snippet_chars = 56  # per hit: a long list of neighbours is clipped (the country it belongs to comes first)
     metric = "em"
     format_weight = 0.0
 
