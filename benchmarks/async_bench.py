@@ -141,6 +141,13 @@ class RunFailed(RuntimeError):
     pass
 
 
+def ray_env() -> dict[str, str]:
+    """No token auth on the benchmark's own loopback head: other jobs here rewrite ~/.ray/auth_token."""
+    import os
+
+    return {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
 class RayHead:
     """One local Ray head for every run (``ray start --head --block``, this process's child): on this
     loaded machine a run's own ``ray.init`` often missed Ray's fixed 30 s raylet deadline. Started again
@@ -159,7 +166,7 @@ class RayHead:
                 self.proc = subprocess.Popen(
                     ["ray", "start", "--head", "--block", "--port", self.address.split(":")[1],
                      f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"],
-                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=ray_env())
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and self.proc.poll() is None:
                 if "Ray runtime started" in log.read_text():
@@ -191,7 +198,8 @@ def run_once(args: argparse.Namespace, loop: str) -> dict[str, Any]:
     log = (args.runs_dir / f"{loop}.log").open("a")
     print(f"async_bench: {loop}: {' '.join(cmd)}", flush=True)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=args.minutes * 60 + 1800)
+        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=args.minutes * 60 + 1800,
+                              env=ray_env())
     finally:
         meter.stopped.set()
         meter.join(5)
