@@ -172,6 +172,11 @@ class Engine:
 
         def op() -> None:
             release(self, set(tags or ["weights", "kv_cache"]))
+            if self.runner.static_kv and self.memory_released & {"kv_cache", "cuda_graph"}:
+                # the static decode buffers are KV memory, the captured steps graph memory (nothing in flight)
+                if "kv_cache" in self.memory_released:
+                    self.scheduler.batch = self.runner.empty_batch()
+                self.runner.release_static()
 
         self.scheduler.call(op).result()
 

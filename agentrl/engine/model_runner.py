@@ -108,7 +108,7 @@ class StaticBatchKV:
         self.lengths: list[int] = []
         self.width = 0
         self.generation = 0
-        self._allocate(rows, columns)
+        self._initial = (rows, columns)  # allocated when the first rows join: an empty batch holds no memory
 
     # -- storage ------------------------------------------------------------------------------------
     def _allocate(self, rows: int, columns: int) -> None:
@@ -128,11 +128,11 @@ class StaticBatchKV:
 
     @property
     def rows(self) -> int:
-        return self.keys[0].shape[0]
+        return self.keys[0].shape[0] if self.keys else 0
 
     @property
     def columns(self) -> int:
-        return self.keys[0].shape[2]
+        return self.keys[0].shape[2] if self.keys else 0
 
     def _shift(self, by: int) -> None:
         """Move every row's tokens ``by`` columns (right if positive); ``width`` follows."""
@@ -157,7 +157,9 @@ class StaticBatchKV:
         if needed() > self.columns and self.lengths:
             self._shift(max(self.lengths) - self.width)  # left-compact
         if rows > self.rows or needed() > self.columns:
-            self._allocate(max(rows, self.rows), max(self.columns, 1 << (needed() - 1).bit_length()))
+            first_rows, first_columns = self._initial if not self.keys else (0, 0)
+            self._allocate(max(rows, self.rows, first_rows),
+                           max(self.columns, first_columns, 1 << (needed() - 1).bit_length()))
 
     # -- the BatchKV interface ----------------------------------------------------------------------
     @property
@@ -348,6 +350,15 @@ class ModelRunner:
         self._graph_pool = None
         self._graph_failed = False
         self._weights_key: tuple[int, ...] | None = None
+
+    def release_static(self) -> None:
+        """Drop the captured decode steps (and with them the last references to old KV buffers)."""
+        self._graphs.clear()
+        self._graph_pool = None
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
     def empty_batch(self) -> BatchKV | StaticBatchKV:
         """A batch with no rows, of the kind this runner decodes."""

@@ -84,3 +84,28 @@ def test_engine_with_static_kv_returns_hf_log_probs(tiny_model, hf_model, hf_log
         ref = hf_logprobs(hf_model, p, out["output_ids"], 1.1)
         assert len(ours) == len(ref) == 10
         assert max(abs(x - y) for x, y in zip(ours, ref, strict=True)) < TOL
+
+
+def test_releasing_kv_memory_frees_the_static_buffers_and_decoding_resumes(tiny_model, hf_model, hf_logprobs):
+    """Colocated runs release KV memory between rollouts: the static buffers and captured steps go with it."""
+    from conftest import ServerThread
+
+    sp = {"max_new_tokens": 6, "temperature": 0.9, "ignore_eos": True}
+    prompt = [1, 5, 77, 300, 12]
+    with ServerThread(tiny_model, static_kv=True, max_batch_size=4) as server:
+        def generate():
+            r = httpx.post(server.url + "/generate", json={"input_ids": prompt, "sampling_params": sp,
+                                                            "return_logprob": True}, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        generate()
+        engine = server.engine
+        assert engine.scheduler.batch.rows > 0 and engine.runner._graphs  # buffers and steps kept between requests
+        engine.release_memory(["kv_cache"])
+        assert engine.scheduler.batch.rows == 0 and not engine.runner._graphs
+        engine.resume_memory(["kv_cache"])
+        out = generate()
+    ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    ref = hf_logprobs(hf_model, prompt, out["output_ids"], 0.9)
+    assert max(abs(x - y) for x, y in zip(ours, ref, strict=True)) < TOL
