@@ -61,6 +61,8 @@ def sandboxes(pool_size: int, grader_size: int) -> tuple[Any, Any]:
     with _lock:
         pair = _pools.get((pool_size, grader_size))
         if pair is None:
+            if not _pools:
+                remove_orphans()
             pool = SandboxPool(size=pool_size, factory=lambda: make_sandbox("docker", labels=LABELS, role="pool"))
             grader = PooledGrader(size=grader_size, backend="docker", labels=LABELS, timeout=FunctionEnv.grade_timeout_s)
             pair = _pools[(pool_size, grader_size)] = (pool, grader)
@@ -75,6 +77,27 @@ def close_sandboxes() -> None:
     for pool, grader in pairs:
         pool.close()
         grader.close()
+
+
+def remove_orphans() -> int:
+    """Remove this example's containers and volumes whose owner process is gone (what a run killed
+    before it could close its pools left behind); returns how many containers went."""
+    from agentrl.sandbox.docker_client import docker_client
+    from agentrl.sandbox.labels import owner_alive
+
+    api = docker_client().api
+    mine = {"label": [f"{EXAMPLE_LABEL}={LABELS[EXAMPLE_LABEL]}"]}
+    removed = 0
+    for container in api.containers(all=True, filters=mine):
+        if not owner_alive(container.get("Labels") or {}):
+            with contextlib.suppress(Exception):  # removed concurrently
+                api.remove_container(container["Id"], force=True)
+                removed += 1
+    for volume in api.volumes(filters=mine).get("Volumes") or []:
+        if not owner_alive(volume.get("Labels") or {}):
+            with contextlib.suppress(Exception):
+                api.remove_volume(volume["Name"], force=True)
+    return removed
 
 
 def live_containers() -> int:

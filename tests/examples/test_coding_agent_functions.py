@@ -340,6 +340,23 @@ def test_rollout_metrics_count_real_sandbox_executions(docker, renderer, sandbox
     assert out["sandbox/failed_episodes"] == 0
 
 
+@pytest.mark.docker
+def test_containers_a_killed_run_left_are_removed_at_the_next_start(docker):
+    from agentrl.sandbox import DockerSandbox
+    from agentrl.sandbox.labels import OWNER_PID
+    from examples.coding_agent.function_env import remove_orphans
+
+    orphan = DockerSandbox(labels={**LABELS, OWNER_PID: "4194999"})  # above the largest pid: its owner is gone
+    with DockerSandbox(labels=LABELS) as live:
+        orphan.start()
+        assert remove_orphans() >= 1
+        mine = {"label": [f"agentrl.example={LABELS['agentrl.example']}"]}
+        names = {n.lstrip("/") for c in docker_api().containers(all=True, filters=mine) for n in c["Names"]}
+        assert orphan.name not in names and live.name in names  # a live owner's container stays
+        assert not docker_api().volumes(filters={"name": orphan.volume_name}).get("Volumes")
+    orphan.close()
+
+
 # ---- the example, trained at toy size ----------------------------------------------------------------
 @pytest.mark.docker
 def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_path):
@@ -347,6 +364,7 @@ def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_p
     from a sandbox execution (env/sandbox metrics in each step row), and after the run no container of
     this example is left on the engine."""
     from agentrl.run.cli import main
+    from agentrl.sandbox.labels import owner_alive
 
     api = docker_api()
     label = {"label": [f"agentrl.example={LABELS['agentrl.example']}"]}
@@ -369,5 +387,13 @@ def test_the_example_trains_two_grpo_steps_and_leaves_no_container(docker, tmp_p
             FunctionEnv.pool_size + FunctionEnv.grader_pool_size)
         graded = row["rollout/episodes"] - row["rollout/failed"]
         assert graded > 0 and row["env/sandbox/execs"] >= graded  # every reward came from a grade
-    left = [c for c in api.containers(all=True, filters=label) if c["Id"] not in before]
+    # Ours are the new ones whose owner (the run's rollout process) has exited: none may be left.
+    # (A new one whose owner still lives belongs to another run of this example on the same engine.)
+    deadline = time.monotonic() + 30
+    while True:
+        new = [c for c in api.containers(all=True, filters=label) if c["Id"] not in before]
+        if not any(owner_alive(c["Labels"]) for c in new) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    left = [c for c in new if not owner_alive(c["Labels"])]
     assert left == [], [c["Names"] for c in left]
