@@ -58,6 +58,11 @@ class ModelShape:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}"
             )
+        # Llama-family options the Megatron layer spec here does not build (bias-free SwiGLU MLP only).
+        if get("mlp_bias", False):
+            raise ValueError(f"{model_type} with mlp_bias=True is not supported (MLP linears have no bias)")
+        if get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {get('hidden_act')!r} is not supported (SwiGLU with silu only)")
         return cls(
             num_layers=get("num_hidden_layers"),
             hidden_size=hidden,
