@@ -130,7 +130,7 @@ class FunctionEnv(Environment):
     exec_timeout_s = 5.0
     grade_timeout_s = 10.0
     pool_size = 16
-    grader_pool_size = 2
+    grader_pool_size = 4
 
     def __init__(self, pool: Any = None, grader: Any = None) -> None:
         super().__init__()
@@ -225,6 +225,8 @@ class FunctionEnv(Environment):
                         self.grade = await run_blocking(grader.grade_from, sandbox, [SOLUTION_FILE], tests)
                     if not self.grade.passed:  # "missing" or a crash may mean the sandbox died
                         await self._check(sandbox, "grading")
+            if self.grade is not None and self.grade.exec_result is not None:
+                METER.add("grade_run", self.grade.exec_result.duration_s)
         except SandboxError as exc:
             self._failure = f"grading failed: {exc}"
         if self._failure is not None:

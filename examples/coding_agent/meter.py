@@ -9,8 +9,10 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-# Operations that run a command in a sandbox (the others move files).
-COMMANDS = ("run_tests", "grade")
+# Commands run in a sandbox, timed as they ran there: run_tests (as the tool awaited it) and the hidden-test
+# run of a grade. "grade" itself is the whole reward call: copying the file out, waiting for a free grading
+# sandbox, the run, the reset.
+COMMANDS = ("run_tests", "grade_run")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -37,6 +39,11 @@ class SandboxMeter:
             self._seconds.setdefault(kind, []).append(ended - started)
             self._first = started if self._first is None else min(self._first, started)
             self._last = ended if self._last is None else max(self._last, ended)
+
+    def add(self, kind: str, seconds: float) -> None:
+        """An operation timed elsewhere (e.g. by the sandbox): counts and latency, not the span."""
+        with self._lock:
+            self._seconds.setdefault(kind, []).append(seconds)
 
     @contextlib.asynccontextmanager
     async def timed(self, kind: str) -> AsyncIterator[None]:
