@@ -93,9 +93,24 @@ def all_questions() -> tuple[dict[str, Any], ...]:
     return tuple(kept)
 
 
+@cache
+def held_out_question_ids() -> frozenset[str]:
+    """A seeded ``HELD_OUT_FRACTION`` of each kind's questions (the ``holdout="question"`` split)."""
+    held = []
+    for kind in KINDS:
+        ids = sorted(q["id"] for q in all_questions() if q["kind"] == kind)
+        random.Random(f"{SPLIT_SEED}-{kind}").shuffle(ids)
+        held += ids[: int(len(ids) * HELD_OUT_FRACTION)]
+    return frozenset(held)
+
+
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
-                   seed: int = 0) -> list[dict[str, Any]]:
-    """Questions of ``kinds`` from ``split`` (``"train"`` or ``"heldout"``; disjoint by answer country).
+                   seed: int = 0, holdout: str = "country") -> list[dict[str, Any]]:
+    """Questions of ``kinds`` from ``split`` (``"train"`` or ``"heldout"``).
+
+    ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
+    answer). ``holdout="question"``: a seeded fifth of each kind's questions is held out, and the countries
+    they name also occur in training questions (a held-out question is a new combination).
 
     ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
     kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
@@ -107,8 +122,15 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {KINDS}")
+    if holdout not in ("country", "question"):
+        raise ValueError(f"holdout must be 'country' or 'question', got {holdout!r}")
     rng = random.Random(seed)
-    pool = [q for q in all_questions() if q["split"] == split and q["kind"] in kinds]
+    if holdout == "country":
+        pool = [q for q in all_questions() if q["split"] == split and q["kind"] in kinds]
+    else:
+        held = held_out_question_ids()
+        pool = [{**q, "split": "heldout" if q["id"] in held else "train"} for q in all_questions() if q["kind"] in kinds]
+        pool = [q for q in pool if q["split"] == split]
     if n is None:
         rng.shuffle(pool)
         return pool

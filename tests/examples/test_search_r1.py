@@ -92,6 +92,21 @@ def test_questions_are_deterministic_disjoint_by_country_and_correct():
             assert common == {c.name}  # exactly one country borders both: one answer
 
 
+def test_the_question_holdout_splits_questions_not_countries():
+    train = make_questions(split="train", holdout="question")
+    held = make_questions(split="heldout", holdout="question")
+    assert {q["id"] for q in train}.isdisjoint({q["id"] for q in held})
+    assert len(train) + len(held) == len(all_questions())
+    for kind in KINDS:
+        n_held = sum(q["kind"] == kind for q in held)
+        total = sum(q["kind"] == kind for q in all_questions())
+        assert n_held == int(total * 0.2)  # HELD_OUT_FRACTION of every kind
+    trained_countries = {q["country"] for q in train}
+    assert sum(q["country"] in trained_countries for q in held) > len(held) / 2  # new combinations
+    with pytest.raises(ValueError, match="holdout"):
+        make_questions(holdout="nope")
+
+
 def test_every_expert_query_finds_its_evidence_first():
     index = default_index()
     for q in all_questions():
