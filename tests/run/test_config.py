@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -113,7 +114,7 @@ def test_print_config_shows_the_resolved_config():
     assert proc.returncode == 0 and resolved["steps"] == 3 and resolved["trainer"]["loss"]["kl_coef"] == 0.001
     import yaml
 
-    written = yaml.safe_load(open(CONFIG))["rollout"]["temperature"]
+    written = yaml.safe_load(Path(CONFIG).read_text())["rollout"]["temperature"]
     assert resolved["rollout"]["temperature"] == written and "temperature" not in resolved["trainer"]
 
 
