@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     from agentrl.run.config import load_config
+
+    # Plug-in paths name the user's own modules (`examples.search_r1.env:...`, `mypkg.env:MyEnv`) relative
+    # to where they run, as `python -m` would find them; the `agentrl` console script alone would not.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
     parser = argparse.ArgumentParser(
         prog="agentrl train", description=__doc__,

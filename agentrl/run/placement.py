@@ -105,7 +105,10 @@ def connect(settings: RaySettings, *, env_vars: dict[str, str], default_cpus: in
     import ray
 
     address = cluster_address(settings)
-    runtime_env = {"env_vars": dict(env_vars)}
+    # The driver's directory on every actor's path: an env or task function in the user's tree
+    # (`examples.search_r1.env:...`) loads in the Ray actors as it did in the driver.
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    runtime_env = {"env_vars": {"PYTHONPATH": path, **env_vars}}
     if address is None:
         # "local", not None: None would join whatever `ray start` last started on this machine.
         ray.init(address="local", num_cpus=settings.num_cpus or default_cpus, include_dashboard=False,

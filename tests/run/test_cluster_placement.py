@@ -219,3 +219,15 @@ def test_ray_address_local_starts_a_local_cluster_as_in_ray(monkeypatch) -> None
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert cluster_address(RaySettings()) == "10.0.0.5:6379"
     assert cluster_address(RaySettings(address="local")) is None
+
+
+def test_actors_get_the_drivers_directory_on_their_path(monkeypatch, tmp_path) -> None:
+    import ray
+
+    seen: dict = {}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/opt/site")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    connect(RaySettings(), env_vars={"X": "1"}, default_cpus=1)
+    assert seen["runtime_env"]["env_vars"] == {"PYTHONPATH": f"{tmp_path}{__import__('os').pathsep}/opt/site", "X": "1"}

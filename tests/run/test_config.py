@@ -129,3 +129,19 @@ def test_the_config_reference_is_current_and_documents_every_field():
     assert undocumented == []
     for key in ("`trainer.lr`", "`trainer.loss.log_ratio`", "`rollout.temperature`", "`warmup.target_accuracy`"):
         assert key in text
+
+
+def test_the_console_script_finds_plug_ins_in_the_working_directory(tmp_path):
+    import os
+    import shutil
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "__init__.py").write_text("")
+    (tmp_path / "mine" / "env.py").write_text("from agentrl.envs.arithmetic import ArithmeticToolEnv as MyEnv\n")
+    script = shutil.which("agentrl")
+    assert script, "the agentrl console script is installed"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([script, "train", "--env", "mine.env:MyEnv", "--print-config"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert '"env": "mine.env:MyEnv"' in proc.stdout
