@@ -106,3 +106,10 @@ def hf_logprobs():
         return [logprobs[p, t].item() for p, t in zip(positions, output, strict=True)]
 
     return compute
+
+
+@pytest.fixture(scope="session")
+def server_thread() -> type[ServerThread]:
+    """The class itself, for tests that start servers with their own options (``import conftest`` would
+    bind whichever test folder's conftest the suite imported first)."""
+    return ServerThread

@@ -64,13 +64,11 @@ def test_decode_buckets_cover_every_size():
     assert [decode_bucket(n) for n in (1, 3, 17, 64, 65, 256, 600)] == [1, 4, 24, 64, 96, 256, 640]
 
 
-def test_engine_with_static_kv_returns_hf_log_probs(tiny_model, hf_model, hf_logprobs):
-    from conftest import ServerThread
-
+def test_engine_with_static_kv_returns_hf_log_probs(tiny_model, hf_model, hf_logprobs, server_thread):
     rng = random.Random(1)
     prompts = [[1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
     sp = {"max_new_tokens": 10, "temperature": 1.1, "ignore_eos": True}
-    with ServerThread(tiny_model, static_kv=True, max_batch_size=8) as server:
+    with server_thread(tiny_model, static_kv=True, max_batch_size=8) as server:
         assert isinstance(server.engine.scheduler.batch, StaticBatchKV)
 
         def generate(p):
@@ -88,13 +86,12 @@ def test_engine_with_static_kv_returns_hf_log_probs(tiny_model, hf_model, hf_log
         assert max(abs(x - y) for x, y in zip(ours, ref, strict=True)) < TOL
 
 
-def test_releasing_kv_memory_frees_the_static_buffers_and_decoding_resumes(tiny_model, hf_model, hf_logprobs):
+def test_releasing_kv_memory_frees_the_static_buffers_and_decoding_resumes(tiny_model, hf_model, hf_logprobs,
+                                                                           server_thread):
     """Colocated runs release KV memory between rollouts: the static buffers and captured steps go with it."""
-    from conftest import ServerThread
-
     sp = {"max_new_tokens": 6, "temperature": 0.9, "ignore_eos": True}
     prompt = [1, 5, 77, 300, 12]
-    with ServerThread(tiny_model, static_kv=True, max_batch_size=4) as server:
+    with server_thread(tiny_model, static_kv=True, max_batch_size=4) as server:
         def generate():
             r = httpx.post(server.url + "/generate", json={"input_ids": prompt, "sampling_params": sp,
                                                             "return_logprob": True}, timeout=120)
