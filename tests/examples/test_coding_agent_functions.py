@@ -303,10 +303,12 @@ def test_a_killed_sandbox_fails_its_episode_and_is_dropped_from_training(docker,
 def test_a_grading_sandbox_killed_mid_grade_fails_the_episode(docker, renderer, sandboxes):
     pool, grader = sandboxes
     task = make_tasks(1, seed=6)[0]
-    body = "import time\ntime.sleep(3)\n" + oneliners.solution_body(task)  # correct, and slow enough to kill
+    # Correct, and slow enough to kill: the killer polls `docker top` of every grading container, which
+    # took longer than a 3 s window on a loaded CI machine; a kill ends the grade at once either way.
+    body = "import time\ntime.sleep(20)\n" + oneliners.solution_body(task)
 
     def grading_container():
-        """The grading container while the hidden tests run in it (each call of f sleeps 3 s)."""
+        """The grading container while the hidden tests run in it."""
         mine = {"label": ["agentrl.role=grader", "agentrl.example=coding_agent", f"agentrl.owner_pid={os.getpid()}"]}
         for container in docker_api().containers(filters=mine):
             processes = docker_api().top(container["Id"]).get("Processes") or []
