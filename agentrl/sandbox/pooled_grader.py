@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -85,7 +86,7 @@ class PooledGrader(Grader):
                     sandbox.write_files(solution_files)
                 res = sandbox.exec([sandbox.python, f"{MOUNT}/grade_runner.py", f"{MOUNT}/{case.name}/tests"],
                                    timeout=timeout or self.timeout, stdin=nonce + "\n")
-                if not sandbox.alive:
+                if _died(sandbox, res.stdout, nonce):
                     raise SandboxError("the grading sandbox died during the grade; the solution was not judged")
             finally:
                 self.pool.release(sandbox)
@@ -104,3 +105,19 @@ class PooledGrader(Grader):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _died(sandbox: Sandbox, stdout: str, nonce: str, settle_s: float = 2.0) -> bool:
+    """Whether the sandbox died under the grade. A run that returned no report may have been cut by a kill
+    the container engine has not recorded yet (the exec returns first), so its state is polled a moment
+    before the grade is judged: a killed grader must not read as a failing solution."""
+    if not sandbox.alive:
+        return True
+    if nonce in stdout:
+        return False
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if not sandbox.alive:
+            return True
+    return False
