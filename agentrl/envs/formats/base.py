@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -106,3 +107,32 @@ def call_from_object(obj: Any, raw: str, *, name_keys: tuple[str, ...] = ("name"
 def dump_json(value: Any) -> str:
     """JSON the way chat templates' ``tojson`` writes it under transformers (``ensure_ascii=False``)."""
     return json.dumps(value, ensure_ascii=False)
+
+
+def parse_delimited_calls(text: str, begin: str, end: str, parse_call: Callable[[str], ToolCall | str],
+                          markers: tuple[str, ...] = ()) -> ParsedResponse:
+    """Calls written as ``begin BODY end`` (DeepSeek, Kimi): each body through ``parse_call``; an unclosed
+    ``begin`` is an error up to the next one; the text around them, less ``markers``, is the content."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    content: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(begin, pos)
+        if start == -1:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        close = text.find(end, start)
+        following = text.find(begin, start + len(begin))
+        if close == -1 or (following != -1 and following < close):
+            errors.append(f"unterminated {begin}: every call must end with {end}")
+            pos = len(text) if following == -1 else following
+            continue
+        result = parse_call(text[start + len(begin):close])
+        (errors if isinstance(result, str) else calls).append(result)
+        pos = close + len(end)
+    free = "".join(content)
+    for marker in markers:
+        free = free.replace(marker, "")
+    return ParsedResponse(content=free.strip(), calls=calls, errors=errors)

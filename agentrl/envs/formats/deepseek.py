@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import re
 
-from agentrl.envs.formats.base import ParsedResponse, ToolCall, call_with_json_arguments, dump_json, snippet
+from agentrl.envs.formats.base import (
+    ParsedResponse,
+    ToolCall,
+    call_with_json_arguments,
+    dump_json,
+    parse_delimited_calls,
+    snippet,
+)
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -32,31 +39,8 @@ class DeepSeekV3Format:
 
     def parse(self, text: str) -> ParsedResponse:
         text = text[: -len(EOS)] if text.endswith(EOS) else text
-        calls: list[ToolCall] = []
-        errors: list[str] = []
-        content: list[str] = []
-        pos = 0
-        while True:
-            start = text.find(CALL_BEGIN, pos)
-            if start == -1:
-                content.append(text[pos:])
-                break
-            content.append(text[pos:start])
-            end = text.find(CALL_END, start)
-            following = text.find(CALL_BEGIN, start + len(CALL_BEGIN))
-            if end == -1 or (following != -1 and following < end):
-                stop = len(text) if following == -1 else following
-                errors.append(f"unterminated {CALL_BEGIN}: every call must end with {CALL_END}")
-                pos = stop
-                continue
-            result = self._call(text[start + len(CALL_BEGIN):end])
-            (errors if isinstance(result, str) else calls).append(result)
-            pos = end + len(CALL_END)
-        free = "".join(content)
         # The section markers carry nothing (a missing end is tolerated); an end-of-sentence is the turn's end.
-        for marker in (CALLS_BEGIN, CALLS_END, EOS):
-            free = free.replace(marker, "")
-        return ParsedResponse(content=free.strip(), calls=calls, errors=errors)
+        return parse_delimited_calls(text, CALL_BEGIN, CALL_END, self._call, (CALLS_BEGIN, CALLS_END, EOS))
 
     def _call(self, body: str) -> ToolCall | str:
         if SEP not in body:

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import re
 
-from agentrl.envs.formats.base import ParsedResponse, ToolCall, call_with_json_arguments, dump_json, snippet
+from agentrl.envs.formats.base import (
+    ParsedResponse,
+    ToolCall,
+    call_with_json_arguments,
+    dump_json,
+    parse_delimited_calls,
+    snippet,
+)
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_END = "<|tool_calls_section_end|>"
@@ -30,29 +37,7 @@ class KimiK2Format:
         return f"functions.{name}:{index}"
 
     def parse(self, text: str) -> ParsedResponse:
-        calls: list[ToolCall] = []
-        errors: list[str] = []
-        content: list[str] = []
-        pos = 0
-        while True:
-            start = text.find(CALL_BEGIN, pos)
-            if start == -1:
-                content.append(text[pos:])
-                break
-            content.append(text[pos:start])
-            end = text.find(CALL_END, start)
-            following = text.find(CALL_BEGIN, start + len(CALL_BEGIN))
-            if end == -1 or (following != -1 and following < end):
-                errors.append(f"unterminated {CALL_BEGIN}: every call must end with {CALL_END}")
-                pos = len(text) if following == -1 else following
-                continue
-            result = self._call(text[start + len(CALL_BEGIN):end])
-            (errors if isinstance(result, str) else calls).append(result)
-            pos = end + len(CALL_END)
-        free = "".join(content)
-        for marker in (SECTION_BEGIN, SECTION_END):
-            free = free.replace(marker, "")
-        return ParsedResponse(content=free.strip(), calls=calls, errors=errors)
+        return parse_delimited_calls(text, CALL_BEGIN, CALL_END, self._call, (SECTION_BEGIN, SECTION_END))
 
     def _call(self, body: str) -> ToolCall | str:
         if ARGUMENT_BEGIN not in body:
