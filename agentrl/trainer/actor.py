@@ -98,6 +98,61 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
+def metric_kind(name: str) -> str:
+    """How micro-batch values of step metric ``name`` combine: ``max`` (``*_max``), ``min`` (``*_min``),
+    ``sum`` (``loss``: each micro-batch's is already its share of the global mean) or ``mean`` (weighted
+    by the micro-batch's trained tokens)."""
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "sum" if name == "loss" else "mean"
+
+
+def accumulate_metric(totals: dict[str, float], name: str, value: float, weight: float) -> None:
+    """Fold one micro-batch's ``value`` of ``name`` (over ``weight`` trained tokens) into ``totals``.
+
+    A micro-batch without trained tokens has no max or min to give (its 0 is a placeholder): it enters
+    only the neutral -inf (+inf), so that every rank still holds the name for :func:`reduce_metrics`."""
+    kind = metric_kind(name)
+    if kind == "mean":
+        totals[name] = totals.get(name, 0.0) + value * weight
+    elif kind == "sum":
+        totals[name] = totals.get(name, 0.0) + value
+    else:
+        pick, neutral = (max, -math.inf) if kind == "max" else (min, math.inf)
+        totals[name] = pick(totals.get(name, neutral), value if weight > 0 else neutral)
+
+
+def reduce_metrics(totals: dict[str, float], token_weight: float, *, group: Any = None,
+                   device: Any = "cpu") -> dict[str, float]:
+    """Finish :func:`accumulate_metric`'s ``totals`` of this rank's ``token_weight`` trained tokens: sums
+    and token weights are summed over the ranks of ``group`` (None: this process only), maxima max-reduced,
+    minima min-reduced. Every rank must hold the same metric names. A max or min no rank saw a trained
+    token for is 0, as :func:`agentrl.trainer.losses.importance_ratio_metrics` reports an empty batch."""
+    keys = sorted(totals)
+    additive = [k for k in keys if metric_kind(k) in ("sum", "mean")]
+    extreme = {"max": [k for k in keys if metric_kind(k) == "max"], "min": [k for k in keys if metric_kind(k) == "min"]}
+    sums = torch.tensor([totals[k] for k in additive] + [token_weight], dtype=torch.float64, device=device)
+    # A rank that saw no trained token for a max (min) holds -inf (+inf): it never wins.
+    fill = {"max": -math.inf, "min": math.inf}
+    extremes = {kind: torch.tensor([totals[k] for k in names], dtype=torch.float64, device=device)
+                for kind, names in extreme.items()}
+    if group is not None:
+        dist.all_reduce(sums, group=group)
+        for kind, op in (("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+            if extreme[kind]:
+                dist.all_reduce(extremes[kind], op=op, group=group)
+    total_weight = sums[-1].item()
+    weight = max(total_weight, 1.0)
+    out = {k: sums[i].item() if metric_kind(k) == "sum" else sums[i].item() / weight for i, k in enumerate(additive)}
+    for kind, names in extreme.items():
+        for i, k in enumerate(names):
+            value = extremes[kind][i].item()
+            out[k] = value if value != fill[kind] else 0.0
+    return out
+
+
 class MegatronTrainer:
     """GRPO-family trainer over a megatron-core ``GPTModel`` loaded from a HF checkpoint directory."""
 
@@ -341,7 +396,7 @@ class MegatronTrainer:
                 totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                 for k, v in m.items():
                     if k != "pg_loss":
-                        totals[k] = totals.get(k, 0.0) + float(v) * w
+                        accumulate_metric(totals, k, float(v), w)
             # Scheduler first: optimizer step n runs at lr(n), so a warm-up's first step is not at lr(0) = 0.
             self.scheduler.step(increment=1)
             lr = float(self.optimizer.param_groups[0]["lr"])
@@ -406,15 +461,11 @@ class MegatronTrainer:
         return torch.tensor([adjusted[i] for i in range(len(reward_t))], dtype=torch.float32)
 
     def _reduce_metrics(self, totals: dict[str, float], token_weight: float) -> dict[str, float]:
+        """Step metrics from :func:`accumulate_metric`'s ``totals``, reduced over data-parallel ranks."""
         from megatron.core import parallel_state
 
-        keys = sorted(totals)
-        vec = torch.tensor([totals[k] for k in keys] + [token_weight], dtype=torch.float64, device=self.device)
-        if self.dp_size > 1:
-            dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
-        weight = max(vec[-1].item(), 1.0)
-        # "loss" is already a share of the global mean per micro-batch: sum it; the rest are token-weighted.
-        return {k: (vec[i].item() if k == "loss" else vec[i].item() / weight) for i, k in enumerate(keys)}
+        group = parallel_state.get_data_parallel_group() if self.dp_size > 1 else None
+        return reduce_metrics(totals, token_weight, group=group, device=self.device)
 
     # ------------------------------------------------------------------------------------------ weights
 
