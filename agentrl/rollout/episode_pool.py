@@ -18,6 +18,10 @@ lost. Either way no turn is sampled by two weight versions, and the engines are 
 versions behind the weights being trained is dropped or generated again (``stale_groups``). With
 ``dynamic_sampling`` it keeps taking groups until ``groups_per_batch`` of them pass the group filter
 (DAPO's dynamic sampling), considering at most ``max_oversample`` x ``groups_per_batch`` groups.
+
+Each batch's metrics carry, as ``env/<name>``, what the environment's class-level ``rollout_metrics()``
+hook reports (its own infrastructure since the last call, e.g. sandbox timings), as the synchronous
+rollout's do (:meth:`agentrl.rollout.manager.RolloutManager.rollout`).
 """
 
 from __future__ import annotations
@@ -143,6 +147,8 @@ class EpisodePool:
     ``generate`` is the rollout client's ``generate_turn``; ``engine_control(mode)`` pauses the engines
     (``mode`` ``"abort"`` or ``"in_place"``) and ``engine_control("")`` continues them (None: no engine
     call, for tests without engines). ``first_batch``: the task-source index of the first batch read.
+    The ``rollout_metrics`` hook is looked up on the classes of the environments made: ``env_factory``
+    may be a wrapper (the rollout manager's, which applies the run's settings) that has no hooks itself.
     """
 
     def __init__(self, *, env_factory: Callable[[], Any], renderer: Any, generate: Callable[..., Any],
@@ -170,6 +176,7 @@ class EpisodePool:
         self.counts: Counter[str] = Counter()  # lifetime: episodes_started/ended, turns_aborted/requeued, ...
         self._since_take: Counter[str] = Counter()
         self._clock = (time.monotonic(), 0.0)  # (wall, busy) at the last take
+        self._env_classes: dict[type, None] = {}  # classes of the environments made, in order (an ordered set)
 
     # -- filling -----------------------------------------------------------------------------------
 
@@ -234,6 +241,7 @@ class EpisodePool:
         env = None
         try:
             env = self.env_factory()
+            self._env_classes.setdefault(type(env))
             result = await run_episode(
                 env, group.task, self._generate, self.renderer, session_id=session_id, group_id=group.group_id,
                 sampling_params={"temperature": s.temperature, "max_new_tokens": s.max_new_tokens},
@@ -351,7 +359,17 @@ class EpisodePool:
             "train/groups_dropped": float(self.counts["groups_filtered"]),  # run total, as the data buffer's
         })
         self._since_take.clear()
+        metrics.update(self._env_metrics())
         return metrics
+
+    def _env_metrics(self) -> dict[str, float]:
+        """``env/<name>`` from each environment class's ``rollout_metrics()`` (since its last call)."""
+        out: dict[str, float] = {}
+        for cls in self._env_classes:
+            report = getattr(cls, "rollout_metrics", None)
+            if callable(report):
+                out.update({f"env/{k}": float(v) for k, v in report().items()})
+        return out
 
     # -- weight updates ----------------------------------------------------------------------------
 
