@@ -48,7 +48,8 @@ def overrides(args: argparse.Namespace, loop: str) -> list[str]:
         # one torch thread: on 2 cores shared with a trainer (and here other jobs) more threads spin
         "--rollout.engine_args", '["--num-threads", "1"]',
         "--eval.every", "100000", "--eval.num_tasks", str(args.eval_tasks),
-        "--trainer.lr", str(args.lr), "--trainer.lr_warmup_steps", "5", "--trainer.lr_decay_style", "constant",
+        *(["--trainer.lr", str(args.lr), "--trainer.lr_warmup_steps", "5", "--trainer.lr_decay_style", "constant"]
+          if args.lr is not None else []),
         "--trainer.loss.importance_weights", "tis", "--log_samples", "0",
         *(["--model.path", str(args.model_path), "--expert", "null"] if args.model_path else []),
     ]
@@ -231,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-staleness", type=int, default=2)
     p.add_argument("--partial-rollout", default="continue", choices=["continue", "abort"])
     p.add_argument("--eval-tasks", type=int, default=100)
-    p.add_argument("--lr", type=float, default=1e-4,
-                   help="constant after 5 warm-up steps, so loops that take more steps see the same rate (3e-4 "
-                        "lost held-out accuracy in every loop here: benchmarks/results/async_bench_lr3e-4.json)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="a constant rate after 5 warm-up steps instead of the config's schedule (the main job's: 3e-4, "
+                        "20 warm-up steps, cosine). The 2-minute runs at a constant 1e-4 / 3e-4 "
+                        "(benchmarks/results/async_bench_*2min*.json) were too short for the schedule to matter: "
+                        "every loop was still in Adam's sign-like first steps, so the loop with the most steps moved "
+                        "the most and lost the most accuracy")
     p.add_argument("--model-path", type=Path, default=None,
                    help="an already warmed-up tiny model dir (e.g. a warm-* dir of an arithmetic run's cache): "
                         "no warm-up; without it the first run warms the tiny model up (cached in --cache-dir)")
