@@ -4,7 +4,9 @@ Modes: ``ipc`` (``TensorSync`` over CUDA IPC; engine on the trainer's GPU), ``br
 ``/init_weights_update_group`` + ``/update_weights_from_distributed``), ``delta-broadcast`` (byte-wise
 delta payloads over that NCCL group). Each round perturbs ``--changed`` of the elements (standing in for
 an optimizer step), syncs, and compares the engine's ``/weights_checksum`` with the local one bitwise.
-Prints one JSON line (seconds and GB/s of full-model bytes per round) and writes it to ``--out``. A hang
+Prints one JSON line per round (seconds, GB/s of full-model bytes, and ``timings``: for ``ipc`` the split
+into staging copy, handle export, request, the engine's IPC open / check / wait / copy / version bump,
+and the version check) and the result, which it writes to ``--out``; then a table of the split. A hang
 dumps every thread's stack after ``--hang-seconds`` and exits, so a stuck collective shows where it is::
 
     python3 benchmarks/gpu_sync_check.py --mode broadcast --shape qwen2-0.5b --trainer-gpu 0 --engine-gpu 1
@@ -84,6 +86,18 @@ def release_check(url: str, named: list, engine_gpu: int) -> dict:
     return result
 
 
+def print_split(rounds: list[dict]) -> None:
+    """One row per round: GB/s and milliseconds per part of the hand-off."""
+    keys = sorted({k for r in rounds for k, v in (r.get("timings") or {}).items() if v is not None})
+    if not keys:
+        return
+    print("round  GB/s  total_ms  " + "  ".join(k.removesuffix("_s") + "_ms" for k in keys))
+    for r in rounds:
+        t = r.get("timings") or {}
+        cells = [f"{1e3 * t[k]:.2f}" if t.get(k) is not None else "-" for k in keys]
+        print(f"{r['round']:>5}  {r['full_GB_per_s']:>5}  {1e3 * r['seconds']:>8.2f}  " + "  ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["ipc", "broadcast", "delta-broadcast"], required=True)
@@ -138,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                                "seconds": round(report.seconds, 4), "bytes_sent": report.bytes_sent,
                                "full_bytes": report.full_bytes,
                                "full_GB_per_s": round(report.full_bytes / report.seconds / 1e9, 2),
-                               "fallback": report.fallback})
+                               "fallback": report.fallback,
+                               # where the seconds went (tensor transport: stage/export/request and the
+                               # engine's ipc_open/check/wait/copy/version; every mode: the version check)
+                               "timings": {**report.details.get("timings", {}),
+                                           "check_versions_s": report.details.get("check_versions_s")},
+                               "layout": report.details.get("layout"), "requests": report.details.get("requests")})
                 print(json.dumps(rounds[-1]), flush=True)
         release = release_check(engine.url, named, engine_gpu) if args.release_check else None
     result = {"release": release, "mode": args.mode, "shape": args.shape, "dtype": args.dtype, "trainer_gpu": args.trainer_gpu,
@@ -146,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
               "all_bitwise_equal": all(r["bitwise_equal"] for r in rounds)
               and (release is None or release["bitwise_equal_after_resume"])}
     print(json.dumps(result))
+    print_split(rounds)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

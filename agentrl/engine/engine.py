@@ -70,6 +70,10 @@ class Engine:
         self.memory_released: set[str] = set()
         self._offloaded: dict[str, Any] | None = None
         self.weight_groups: dict[str, Any] = {}
+        # flat CUDA buckets kept open by sender and key, so the next sync hits torch's IPC handle cache.
+        # The memory is the sender's persistent staging (not ours), so releasing memory keeps them; the
+        # sender drops them when it closes (``drop_kept``), else they stay mapped until the engine exits.
+        self.kept_buffers: dict[str, dict[str, torch.Tensor]] = {}
         self._update_lock = threading.Lock()  # one weight update at a time
 
     def start(self) -> None:
@@ -108,17 +112,24 @@ class Engine:
         require_all: bool = False,
         method: str,
         model_path: str | None = None,
-    ) -> None:
-        """Check, then copy ``tensors`` into the model between two steps; set the version. Blocking."""
+    ) -> dict[str, float]:
+        """Check, then copy ``tensors`` into the model between two steps; set the version. Blocking.
+
+        Returns seconds spent: ``check_s``, ``wait_s`` (until the worker ran the copy), ``copy_s`` (until
+        the copies landed on the device: senders may reuse the source memory afterwards), ``version_s``."""
+        import time
+
+        start = time.perf_counter()
         self.check_weights(tensors, require_all=require_all)
+        timings = {"check_s": time.perf_counter() - start}
+        queued = time.perf_counter()
 
         def op() -> None:
-            import torch
-
-            known = self.runner.named_tensors()
-            with torch.no_grad():
-                for name, t in tensors.items():
-                    known[name].copy_(t.to(device=known[name].device, dtype=known[name].dtype))
+            began = time.perf_counter()
+            timings["wait_s"] = began - queued
+            copy_into(self.runner.named_tensors(), tensors)
+            copied = time.perf_counter()
+            timings["copy_s"] = copied - began
             if weight_version is not None:
                 self.weight_version = str(weight_version)
             if model_path is not None:
@@ -126,9 +137,19 @@ class Engine:
             if flush_cache:
                 self.prefix_cache.clear()
             self.metrics.weight_updates.labels(method=method).inc()
+            timings["version_s"] = time.perf_counter() - copied
 
         with self._update_lock:
             self.scheduler.call(op).result()
+        return timings
+
+    def keep_buffers(self, owner: str, keyed: Mapping[str, torch.Tensor], *, drop: bool = False) -> None:
+        """Hold ``owner``'s CUDA buffers by key (replacing those of the same key); ``drop``: let go of all."""
+        if drop:
+            self.kept_buffers.pop(owner, None)
+        cuda = {k: t for k, t in keyed.items() if t.device.type == "cuda"}
+        if cuda:
+            self.kept_buffers.setdefault(owner, {}).update(cuda)
 
     def apply_delta(self, payload: bytes, *, weight_version: str | None) -> str:
         """Apply an ``agentrl.engine.delta`` payload in the worker thread; return the new version."""
@@ -187,3 +208,28 @@ class Engine:
             resume(self, set(tags or ["weights", "kv_cache"]))
 
         self.scheduler.call(op).result()
+
+
+def copy_into(known: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy each of ``tensors`` into ``known[name]`` (bitwise when dtypes match): one fused
+    ``_foreach_copy_`` per (device, dtype) group instead of a kernel launch per tensor, then wait for
+    the device, so the sources may be reused once this returns."""
+    import torch
+
+    groups: dict[tuple[Any, Any], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    devices = set()
+    with torch.no_grad():
+        for name, src in tensors.items():
+            dst = known[name]
+            devices.add(dst.device)
+            if src.device == dst.device and src.dtype == dst.dtype:
+                dsts, srcs = groups.setdefault((dst.device, dst.dtype), ([], []))
+                dsts.append(dst)
+                srcs.append(src)
+            else:
+                dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
+        for dsts, srcs in groups.values():
+            torch._foreach_copy_(dsts, srcs)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)

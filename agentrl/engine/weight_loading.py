@@ -17,7 +17,17 @@ the smg fan-out selector that reaches every engine's weight routes at once.
   request returns. Both sides must trust each other: this is pickle (as in SGLang), so the route takes it
   only from a caller presenting the run's secret (:mod:`agentrl.engine.server`).
 
-Use :func:`serialize_named_tensors` / :func:`update_weights_from_tensor_body` on the trainer side.
+* ``load_format: "flat_buckets"`` (agentrl's extension, used only with engines whose ``/server_info``
+  says ``"engine": "agentrl-embedded"``): ``S = base64(ForkingPickler(P))`` with
+  ``P = {"owner": str, "buckets": [{"key": str | None, "flat": 1-D tensor, "entries": [[name, shape,
+  offset, numel], ...]}], "drop_kept": bool}`` (offsets in elements). One handle per bucket instead of
+  one per tensor, and no per-tensor unpickling. CUDA buckets with a ``key`` are kept open by the engine
+  under ``(owner, key)`` so the next sync from the same persistent staging buffer hits torch's IPC
+  cache instead of mapping the memory again (the sender must synchronise before sending: a cache hit
+  does not wait on the sender's event); ``drop_kept`` (with no buckets) lets go of the owner's buffers.
+
+Use :func:`serialize_named_tensors` / :func:`update_weights_from_tensor_body` (or
+:func:`flat_buckets_body`) on the trainer side.
 
 Checksum (``GET /weights_checksum`` and :func:`weights_checksum`): xxh3_64 of each parameter's raw
 bytes (contiguous, native little-endian, its own dtype) in HF ``named_parameters`` order; the total is
@@ -34,13 +44,16 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-FORMATS = ("safetensors", None)
+FLAT_BUCKETS = "flat_buckets"
+FORMATS = ("safetensors", None, FLAT_BUCKETS)
+EMBEDDED_ENGINE = "agentrl-embedded"  # ``/server_info``'s ``engine``: the engines that take FLAT_BUCKETS
 CHECKSUM_MANIFEST = "agentrl-checksums.json"
 _CHUNK = 16 << 20
 
@@ -66,7 +79,7 @@ def serialize_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], f
 
         mp.set_sharing_strategy("file_system")
         return base64.b64encode(dumps([(name, t.detach()) for name, t in items])).decode("ascii")
-    raise ValueError(f"unknown load_format {fmt!r}; use one of {FORMATS}")
+    raise ValueError(f"unknown load_format {fmt!r}; use 'safetensors' or None (flat buckets: flat_buckets_body)")
 
 
 def update_weights_from_tensor_body(
@@ -85,12 +98,104 @@ def update_weights_from_tensor_body(
     }
 
 
-def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`serialize_named_tensors`; raises ``ValueError`` on a malformed payload."""
+FlatEntry = tuple[str, tuple[int, ...], int, int]  # name, shape, offset and numel in elements
+
+
+def flat_buckets_body(
+    buckets: Iterable[tuple[str | None, torch.Tensor, Iterable[FlatEntry]]],
+    *,
+    owner: str,
+    weight_version: str | None = None,
+    flush_cache: bool = True,
+    drop_kept: bool = False,
+) -> dict[str, Any]:
+    """The body of one ``/update_weights_from_tensor`` call in the ``flat_buckets`` format (module doc):
+    ``buckets`` are ``(key, flat, entries)``; the sender keeps every ``flat`` alive until the answer."""
+    import torch.multiprocessing as mp
+
+    from agentrl.engine.cuda_ipc import dumps
+
+    mp.set_sharing_strategy("file_system")
+    payload = {
+        "owner": owner,
+        "buckets": [{"key": key, "flat": flat.detach(), "entries": [[n, list(s), o, k] for n, s, o, k in entries]}
+                    for key, flat, entries in buckets],
+        "drop_kept": drop_kept,
+    }
+    return {
+        "serialized_named_tensors": [base64.b64encode(dumps(payload)).decode("ascii")],
+        "load_format": FLAT_BUCKETS,
+        "flush_cache": flush_cache,
+        "weight_version": weight_version,
+    }
+
+
+@dataclass
+class FlatBuckets:
+    """A received ``flat_buckets`` payload: named views into the flat buffers, and the buffers by key."""
+
+    owner: str
+    tensors: dict[str, torch.Tensor]
+    keyed: dict[str, torch.Tensor]
+    drop_kept: bool
+
+
+def _decode(payload: str | bytes) -> bytes:
     try:
-        raw = base64.b64decode(payload, validate=True) if isinstance(payload, str) else bytes(payload)
+        return base64.b64decode(payload, validate=True) if isinstance(payload, str) else bytes(payload)
     except ValueError as exc:
         raise ValueError(f"serialized_named_tensors is not valid base64: {exc}") from None
+
+
+def deserialize_flat_buckets(payload: str | bytes) -> FlatBuckets:
+    """Inverse of :func:`flat_buckets_body`'s payload; ``ValueError`` naming what is malformed."""
+    import math
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+    import torch.multiprocessing as mp
+
+    mp.set_sharing_strategy("file_system")
+    data = _decode(payload)
+    try:
+        raw = ForkingPickler.loads(data)  # trusted trainer only, as in SGLang
+    except Exception as exc:
+        raise ValueError(f"flat_buckets payload could not be unpickled: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("buckets"), list) or not isinstance(raw.get("owner"), str):
+        raise ValueError("a flat_buckets payload is a dict with 'owner' (str) and 'buckets' (list)")
+    tensors: dict[str, torch.Tensor] = {}
+    keyed: dict[str, torch.Tensor] = {}
+    for i, bucket in enumerate(raw["buckets"]):
+        flat = bucket.get("flat") if isinstance(bucket, dict) else None
+        if not isinstance(flat, torch.Tensor) or flat.dim() != 1 or not flat.is_contiguous():
+            raise ValueError(f"bucket {i}: 'flat' must be a contiguous 1-D tensor")
+        entries = bucket.get("entries")
+        if not isinstance(entries, list):
+            raise ValueError(f"bucket {i}: 'entries' must be a list")
+        for entry in entries:
+            try:
+                name, shape, offset, numel = entry
+                shape, offset, numel = tuple(int(d) for d in shape), int(offset), int(numel)
+            except (TypeError, ValueError):
+                raise ValueError(f"bucket {i}: entry {entry!r} is not [name, shape, offset, numel]") from None
+            if not isinstance(name, str) or name in tensors:
+                raise ValueError(f"bucket {i}: entry name {name!r} is not a new string")
+            if numel != math.prod(shape) or offset < 0 or offset + numel > flat.numel() or min(shape, default=1) < 0:
+                raise ValueError(f"{name}: elements {offset}..{offset + numel} of shape {shape} do not fit "
+                                 f"a bucket of {flat.numel()}")
+            tensors[name] = flat[offset : offset + numel].view(shape)
+        key = bucket.get("key")
+        if key is not None:
+            keyed[str(key)] = flat
+    return FlatBuckets(raw["owner"], tensors, keyed, bool(raw.get("drop_kept", False)))
+
+
+def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`serialize_named_tensors` (and of ``flat_buckets`` payloads, as named views);
+    raises ``ValueError`` on a malformed payload."""
+    if fmt == FLAT_BUCKETS:
+        return deserialize_flat_buckets(payload).tensors
+    raw = _decode(payload)
     if fmt == "safetensors":
         from safetensors.torch import load
 

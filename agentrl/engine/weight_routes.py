@@ -11,6 +11,7 @@ Responses are SGLang's ``{"success": bool, "message": str}`` (failures also carr
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -76,20 +77,39 @@ def add_weight_routes(app: APIRouter, engine: Engine, *, read_json, error) -> No
             raise BadRequest(f"the embedded engine has one TP rank; got {len(payloads)} payloads")
         fmt = body.get("load_format")
         prepare(body)
-        from agentrl.engine.weight_loading import deserialize_named_tensors
+        from agentrl.engine.weight_loading import (
+            FLAT_BUCKETS,
+            deserialize_flat_buckets,
+            deserialize_named_tensors,
+        )
 
         try:
-            tensors = await asyncio.to_thread(deserialize_named_tensors, payloads[0], fmt)
-            await asyncio.to_thread(
-                engine.apply_weights,
-                tensors,
-                weight_version=body.get("weight_version"),
-                flush_cache=body.get("flush_cache", True),
-                method="tensor",
-            )
+            start = time.perf_counter()
+            if fmt == FLAT_BUCKETS:
+                received = await asyncio.to_thread(deserialize_flat_buckets, payloads[0])
+                tensors = received.tensors
+            else:
+                received, tensors = None, await asyncio.to_thread(deserialize_named_tensors, payloads[0], fmt)
+            opened = time.perf_counter() - start
+            timings = {"ipc_open_s": opened}
+            if tensors or received is None:
+                timings |= await asyncio.to_thread(
+                    engine.apply_weights,
+                    tensors,
+                    weight_version=body.get("weight_version"),
+                    flush_cache=body.get("flush_cache", True),
+                    method="tensor",
+                )
+            elif body.get("weight_version") is not None:  # an empty flat payload may still set the version
+                await asyncio.to_thread(engine.set_weight_version, body["weight_version"])
+            if received is not None:
+                engine.keep_buffers(received.owner, received.keyed, drop=received.drop_kept)
         except (WeightUpdateError, ValueError) as exc:
             return _fail(error, f"Failed to update weights from tensor: {exc}")
-        return {"success": True, "message": "Succeeded to update model weights."}
+        # ``timings`` (seconds; agentrl's addition to SGLang's answer): unpickling and opening the handles,
+        # checking, waiting for the worker, copying in (until on the device) and setting the version.
+        return {"success": True, "message": "Succeeded to update model weights.",
+                "timings": {k: round(v, 6) for k, v in timings.items()}}
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(request: Request):

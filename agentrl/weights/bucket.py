@@ -89,11 +89,18 @@ def make_buckets(
             flat = allocate(index, dtype, total)
         else:
             flat = torch.empty(total, dtype=dtype, device=device if device is not None else items[0][1].device)
-        entries, offset = [], 0
+        entries, offset, views, sources = [], 0, [], []
         for name, t in items:
-            flat[offset : offset + t.numel()].copy_(t.detach().reshape(-1))
+            views.append(flat[offset : offset + t.numel()])
+            sources.append(t.detach().reshape(-1))
             entries.append(BucketEntry(name, tuple(t.shape), offset, t.numel()))
             offset += t.numel()
+        with torch.no_grad():
+            if all(src.device == flat.device for src in sources):
+                torch._foreach_copy_(views, sources)  # one fused launch on CUDA instead of one per tensor
+            else:
+                for view, src in zip(views, sources, strict=True):
+                    view.copy_(src)
         yield Bucket(flat, entries)
 
 

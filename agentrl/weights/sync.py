@@ -117,8 +117,10 @@ class WeightSync:
         tensors = unique_named_tensors(named_tensors)
         start = time.perf_counter()
         report = self._push(tensors, weight_version)
+        checking = time.perf_counter()
         self.check_versions(weight_version)
         report.seconds = time.perf_counter() - start
+        report.details["check_versions_s"] = round(report.seconds - (checking - start), 6)
         report.mode = self.mode
         report.full_bytes = full_bytes(tensors)
         report.engines = self.engine_urls

@@ -14,17 +14,29 @@ Handles (``handles=``; the ``tensor`` mode's ``transport=``):
   contrast, are made fresh for every sync.
 * ``"safetensors"`` (any host): each bucket serialised into the HTTP body (one extra copy).
 
-The version is set with the last bucket only, so engines report the new version only once they hold
-every bucket. Buckets are kept alive until the engines answer (the engine reads from them).
+Layout (``flat=``): with ``None`` (the default) every engine whose ``/server_info`` names it
+``agentrl-embedded`` gets whole buckets (``load_format: "flat_buckets"``, :mod:`agentrl.engine.weight_loading`):
+one handle per bucket instead of one per tensor, and for ``cuda_ipc`` every bucket in ONE request whose
+handles the engine keeps open across syncs (the staging buffers persist), so a sync is one staging copy,
+one request and one fused copy on the engine. Other engines (SGLang) get SGLang's per-tensor list;
+``flat=True`` / ``False`` forces either.
+
+The version is set with the last request only, so engines report the new version only once they hold
+every bucket. Buckets are kept alive until the engines answer (the engine reads from them). ``Sent.details
+["timings"]`` splits the seconds: ``stage_s`` (copies into the buckets, until on the device),
+``export_s`` (handles and request bodies), ``request_s`` (the engines' answers), and the slowest engine's
+own ``ipc_open_s`` / ``check_s`` / ``wait_s`` / ``copy_s`` / ``version_s`` summed over requests.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, make_buckets
-from agentrl.weights.engines import EngineClient, raise_errors
+from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, Bucket, make_buckets
+from agentrl.weights.engines import CallResult, EngineClient, raise_errors
 from agentrl.weights.sync import FullSync
 from agentrl.weights.transport import Sent, Transport, WeightSyncError
 
@@ -42,6 +54,7 @@ class StagingBuffers:
         self.shared = shared
         self.persistent = persistent
         self._buffers: dict[tuple[int, str, int], torch.Tensor] = {}
+        self.keys: dict[int, str] = {}  # data_ptr of a persistent buffer -> its stable key (for the engine)
 
     def allocate(self, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """Persistent buffer ``index`` for a bucket of ``numel`` elements of ``dtype`` (made on first use)."""
@@ -55,7 +68,12 @@ class StagingBuffers:
                 buf.share_memory_()
             if self.persistent:
                 self._buffers[key] = buf
+                self.keys[buf.data_ptr()] = f"{index}:{key[1]}:{numel}"
         return buf
+
+    def key_of(self, flat: torch.Tensor) -> str | None:
+        """The stable key of a persistent buffer (``None`` for a fresh one)."""
+        return self.keys.get(flat.data_ptr()) if self.persistent else None
 
     @property
     def nbytes(self) -> int:
@@ -63,11 +81,12 @@ class StagingBuffers:
 
     def clear(self) -> None:
         self._buffers.clear()
+        self.keys.clear()
 
 
 class TensorTransport(Transport):
     """``tensor`` (see module doc). ``bucket_bytes``: size of one flattened bucket; ``device``: where the
-    buckets are staged (default: ``cuda`` for ``cuda_ipc``, else ``cpu``)."""
+    buckets are staged (default: ``cuda`` for ``cuda_ipc``, else ``cpu``); ``flat``: the layout (module doc)."""
 
     name = "tensor"
     carries = frozenset({"full"})
@@ -80,6 +99,7 @@ class TensorTransport(Transport):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         device: str | None = None,
         flush_cache: bool = True,
+        flat: bool | None = None,
     ) -> None:
         if handles not in HANDLES:
             raise ValueError(f"unknown tensor transport {handles!r}; choose from {HANDLES}")
@@ -87,45 +107,102 @@ class TensorTransport(Transport):
         self.handles = handles
         self.bucket_bytes = bucket_bytes
         self.flush_cache = flush_cache
+        self.flat = flat
+        self._takes_flat: dict[str, bool] = {}  # engine URL -> whether it took flat buckets (asked once)
+        self._kept_by: set[str] = set()  # engines holding our CUDA buckets open (dropped on close)
+        self.owner = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
         staging_device = device or ("cuda" if handles == "cuda_ipc" else "cpu")
         # CPU shared-memory segments are made fresh per sync: with torch's file_system sharing, a reused
         # segment could no longer be opened by the engine on the next sync (observed: "unable to open
         # shared memory object ... No such file or directory").
         self.staging = StagingBuffers(staging_device, shared=handles == "shm", persistent=handles == "cuda_ipc")
 
-    def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
-        from agentrl.engine.weight_loading import update_weights_from_tensor_body
+    def takes_flat(self, urls: Sequence[str]) -> bool:
+        """Whether every engine at ``urls`` takes ``flat_buckets`` (asked once per engine, see module doc)."""
+        if self.handles == "safetensors":
+            return False
+        if self.flat is not None:
+            return self.flat
+        from agentrl.engine.weight_loading import EMBEDDED_ENGINE
 
+        unknown = [u for u in urls if u not in self._takes_flat]
+        if unknown:
+            for result in self.engines.call_all("/server_info", urls=unknown):
+                value = result.value if isinstance(result.value, dict) else {}
+                self._takes_flat[result.url] = value.get("engine") == EMBEDDED_ENGINE
+        return all(self._takes_flat.get(u, False) for u in urls)
+
+    def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         fmt = "safetensors" if self.handles == "safetensors" else None
         allocate = None if fmt == "safetensors" else self.staging.allocate
+        timings = {"stage_s": 0.0, "export_s": 0.0, "request_s": 0.0}
+        start = time.perf_counter()
         buckets = list(make_buckets(tensors, bucket_bytes=self.bucket_bytes, allocate=allocate))
-        sent = 0
-        for i, staged in enumerate(buckets):
-            if staged.flat.device.type == "cuda":
-                import torch
+        on_cuda = sorted({b.flat.device for b in buckets if b.flat.device.type == "cuda"}, key=str)
+        if on_cuda:
+            import torch
 
-                torch.cuda.synchronize(staged.flat.device)  # copies must land before the engine reads
-            last = i == len(buckets) - 1
-            # The engine owns the payload format (SGLang's): safetensors bytes, or ForkingPickler handles
-            # (shared-memory file names for CPU storages, CUDA IPC handles for GPU ones).
-            body = update_weights_from_tensor_body(
-                staged.named_tensors(),
-                weight_version=weight_version if last else None,
-                fmt=fmt,
-                flush_cache=self.flush_cache and last,
-            )
+            for device in on_cuda:
+                torch.cuda.synchronize(device)  # copies must land before the engine reads
+        timings["stage_s"] = time.perf_counter() - start
+        flat = self.takes_flat(urls)
+        # cuda_ipc: all buckets in one request (persistent staging, handles kept open); shm and safetensors:
+        # a request per bucket, so only one bucket's segment or body exists at a time.
+        groups = [buckets] if flat and self.handles == "cuda_ipc" and buckets else [[b] for b in buckets]
+        sent = 0
+        for i, group in enumerate(groups):
+            last = i == len(groups) - 1
+            began = time.perf_counter()
+            body = self._body(group, weight_version if last else None, fmt, flat=flat, flush=self.flush_cache and last)
+            requested = time.perf_counter()
+            timings["export_s"] += requested - began
             try:
-                raise_errors(self.engines.call_all("/update_weights_from_tensor", body, urls=urls))
+                results = raise_errors(self.engines.call_all("/update_weights_from_tensor", body, urls=urls))
             except Exception as exc:
-                raise WeightSyncError(f"tensor sync of {weight_version!r}, bucket {i}: {exc}") from exc
-            sent += staged.nbytes if fmt is None else len(body["serialized_named_tensors"][0])
+                raise WeightSyncError(f"tensor sync of {weight_version!r}, request {i} of {len(groups)}: {exc}") from exc
+            timings["request_s"] += time.perf_counter() - requested
+            _add_engine_timings(timings, results)
+            sent += sum(b.nbytes for b in group) if fmt is None else len(body["serialized_named_tensors"][0])
+            if flat and on_cuda:
+                self._kept_by.update(urls)
         if not buckets:
             self.engines.call_all("/update_weight_version", {"new_version": weight_version}, urls=urls)
-        details = {"handles": self.handles, "buckets": len(buckets), "staging_bytes": self.staging.nbytes}
+        details = {"handles": self.handles, "buckets": len(buckets), "requests": len(groups),
+                   "layout": "flat_buckets" if flat else "per_tensor", "staging_bytes": self.staging.nbytes,
+                   "timings": {k: round(v, 6) for k, v in timings.items()}}
         return Sent(sent, list(urls), details)
 
+    def _body(self, group: list[Bucket], weight_version: str | None, fmt: str | None, *, flat: bool,
+              flush: bool) -> dict[str, Any]:
+        from agentrl.engine.weight_loading import flat_buckets_body, update_weights_from_tensor_body
+
+        # The engine owns the payload format (SGLang's): safetensors bytes, or ForkingPickler handles
+        # (shared-memory file names for CPU storages, CUDA IPC handles for GPU ones).
+        if flat:
+            return flat_buckets_body(
+                [(self.staging.key_of(b.flat), b.flat, [(e.name, e.shape, e.offset, e.numel) for e in b.entries])
+                 for b in group],
+                owner=self.owner, weight_version=weight_version, flush_cache=flush)
+        named = [pair for b in group for pair in b.named_tensors()]
+        return update_weights_from_tensor_body(named, weight_version=weight_version, fmt=fmt, flush_cache=flush)
+
     def close(self) -> None:
+        if self._kept_by:  # let the engines unmap our staging buffers, so their memory can be freed
+            from agentrl.engine.weight_loading import flat_buckets_body
+
+            body = flat_buckets_body([], owner=self.owner, flush_cache=False, drop_kept=True)
+            self.engines.call_all("/update_weights_from_tensor", body, urls=sorted(self._kept_by))
+            self._kept_by.clear()
         self.staging.clear()
+
+
+def _add_engine_timings(timings: dict[str, float], results: list[CallResult]) -> None:
+    """Add the slowest engine's own timings (``timings`` in its answer) of one request."""
+    answered = [r.value.get("timings") for r in results if isinstance(r.value, dict)]
+    for key in sorted({k for t in answered if isinstance(t, dict) for k in t}):
+        values = [float(t[key]) for t in answered if isinstance(t, dict) and isinstance(t.get(key), int | float)]
+        if values:
+            timings[key] = timings.get(key, 0.0) + max(values)
 
 
 class TensorSync(FullSync):

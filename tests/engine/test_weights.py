@@ -301,3 +301,77 @@ def test_tensor_update_from_views_of_one_flat_bucket(client, tiny_model, params_
     r = client.post("/update_weights_from_tensor", json=update_weights_from_tensor_body(views, weight_version="flat", fmt=fmt))
     assert r.status_code == 200, r.text
     assert checksum(client)["total"] == weights_checksum(params_b.items())["total"]
+
+
+def flat_body(params: dict[str, torch.Tensor], *, version: str, entries=None) -> dict:
+    """A ``flat_buckets`` body: every tensor of ``params`` in one flat CPU (shared-memory) bucket."""
+    from agentrl.engine.weight_loading import flat_buckets_body
+
+    flat = torch.cat([t.reshape(-1) for t in params.values()])
+    if entries is None:
+        entries, offset = [], 0
+        for name, t in params.items():
+            entries.append((name, tuple(t.shape), offset, t.numel()))
+            offset += t.numel()
+    return flat_buckets_body([("k0", flat, entries)], owner="test", weight_version=version)
+
+
+def test_flat_buckets_update_is_bitwise_and_reports_where_time_went(client, server, tiny_model, params_b):
+    reset(client, tiny_model)
+    r = client.post("/update_weights_from_tensor", json=flat_body(params_b, version="FLAT"))
+    assert r.status_code == 200, r.text
+    after = checksum(client)
+    assert after["total"] == weights_checksum(params_b.items())["total"] and after["weight_version"] == "FLAT"
+    assert set(r.json()["timings"]) == {"ipc_open_s", "check_s", "wait_s", "copy_s", "version_s"}
+    assert server.engine.kept_buffers == {}  # only CUDA buckets are held open; shared memory is not pinned
+
+
+def raw_flat_body(payload) -> dict:
+    """A ``flat_buckets`` body around any pickled ``payload`` (what a buggy sender could send)."""
+    import base64
+
+    import torch.multiprocessing as mp
+
+    from agentrl.engine.cuda_ipc import dumps
+
+    mp.set_sharing_strategy("file_system")
+    return {"serialized_named_tensors": [base64.b64encode(dumps(payload)).decode()], "load_format": "flat_buckets",
+            "weight_version": "bad"}
+
+
+def test_malformed_flat_buckets_keep_the_old_weights(client, tiny_model, params_b):
+    reset(client, tiny_model)
+    before = checksum(client)
+    name, t = next((n, p) for n, p in params_b.items() if p.dim() == 2)
+    total = sum(p.numel() for p in params_b.values())
+    flat = torch.cat([p.reshape(-1) for p in params_b.values()])
+    cases = {
+        "do not fit": [[name, list(t.shape), total - 1, t.numel()]],  # runs past the bucket's end
+        "shape": [[name, [t.numel() + 1], 0, t.numel()]],  # numel disagrees with the shape
+        "unknown parameter": [["model.not_a_layer.weight", list(t.shape), 0, t.numel()]],
+        "not a new string": [[name, list(t.shape), 0, t.numel()], [name, list(t.shape), 0, t.numel()]],
+        "not [name, shape, offset, numel]": [[name, list(t.shape), 0]],
+    }
+    for needle, entries in cases.items():
+        payload = {"owner": "o", "buckets": [{"key": None, "flat": flat, "entries": entries}]}
+        r = client.post("/update_weights_from_tensor", json=raw_flat_body(payload))
+        assert r.status_code == 400 and needle in r.json()["message"], (needle, r.text)
+        assert_unchanged(client, before)
+    for needle, payload in {
+        "'owner'": [("w", flat)],  # SGLang's per-tensor list under the flat format's name
+        "1-D": {"owner": "o", "buckets": [{"key": None, "flat": t, "entries": [[name, list(t.shape), 0, t.numel()]]}]},
+    }.items():
+        r = client.post("/update_weights_from_tensor", json=raw_flat_body(payload))
+        assert r.status_code == 400 and needle in r.json()["message"], (needle, r.text)
+    assert_unchanged(client, before)
+
+
+def test_dropping_kept_buffers_changes_nothing_else(client, tiny_model):
+    from agentrl.engine.weight_loading import flat_buckets_body
+
+    reset(client, tiny_model)
+    before = checksum(client)
+    r = client.post("/update_weights_from_tensor", json=flat_buckets_body([], owner="gone", flush_cache=False,
+                                                                          drop_kept=True))
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert_unchanged(client, before)
