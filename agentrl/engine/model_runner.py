@@ -331,9 +331,12 @@ class ModelRunner:
                 from torch_memory_saver import torch_memory_saver  # type: ignore[import-not-found]
 
                 region = torch_memory_saver.region(tag="weights", enable_cpu_backup=True)
+        from agentrl.engine.attention import register
+
         with region:
+            # SDPA, with decode steps of grouped-query models on the KV heads as they are (attention.py)
             self.model = AutoModelForCausalLM.from_pretrained(
-                model_path, dtype=self.dtype, attn_implementation="sdpa"
+                model_path, dtype=self.dtype, attn_implementation=register()
             ).to(self.device)
         self.model.eval()
         config = self.model.config

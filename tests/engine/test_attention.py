@@ -1,0 +1,74 @@
+"""The engine's decode attention on grouped-query models: the same result as transformers' repeat_kv path
+without expanding KV heads; everything else is transformers' SDPA untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentrl.engine.attention import NAME, decode_sdpa_attention_forward  # noqa: E402
+
+TOL = 1e-6  # fp32: the same dot products and softmax, summed in another order
+
+
+class Module:
+    def __init__(self, groups: int) -> None:
+        self.num_key_value_groups = groups
+        self.training = False
+
+
+def reference(query, key, value, mask, groups, scale):
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups),
+                                                           attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("mask_kind", ["float", "bool", None])
+def test_one_token_decode_matches_the_expanded_heads(mask_kind):
+    g = torch.Generator().manual_seed(0)
+    batch, kv_heads, groups, columns, dim = 3, 2, 7, 40, 16
+    query = torch.randn(batch, kv_heads * groups, 1, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, columns, dim, generator=g) for _ in range(2))
+    allowed = torch.ones(batch, 1, 1, columns, dtype=torch.bool)
+    allowed[0, ..., :25] = False  # a left-padded row
+    allowed[2, ..., 30:] = False
+    mask = {"float": torch.where(allowed, 0.0, torch.finfo(torch.float32).min), "bool": allowed, None: None}[mask_kind]
+    out, weights = decode_sdpa_attention_forward(Module(groups), query, key, value, mask, scaling=0.25)
+    assert weights is None and out.shape == (batch, 1, kv_heads * groups, dim)
+    assert (out - reference(query, key, value, mask, groups, 0.25)).abs().max().item() < TOL
+
+
+def test_prefill_and_per_head_masks_go_to_transformers_sdpa(monkeypatch):
+    import transformers.integrations.sdpa_attention as sdpa
+
+    calls = []
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **k: calls.append(a[1].shape) or ("hf", None))
+    query, key = torch.zeros(1, 4, 5, 8), torch.zeros(1, 2, 5, 8)
+    assert decode_sdpa_attention_forward(Module(2), query, key, key, None)[0] == "hf"  # 5 query tokens
+    one = torch.zeros(1, 4, 1, 8)
+    assert decode_sdpa_attention_forward(Module(2), one, key, key, torch.zeros(1, 4, 1, 5))[0] == "hf"  # per-head mask
+    assert decode_sdpa_attention_forward(Module(1), one, torch.zeros(1, 4, 5, 8), torch.zeros(1, 4, 5, 8), None)[0] == "hf"
+    assert len(calls) == 3
+
+
+def test_the_engine_decodes_without_expanding_kv_heads(tiny_model, monkeypatch):
+    """The tiny model has 4 query heads over 2 KV heads: its static decode step must never call repeat_kv."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from agentrl.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(str(tiny_model), dtype="float32", device="cpu", static_kv=True)
+    assert runner.model.config._attn_implementation == NAME
+    _, kvs = runner.prefill([([1, 5, 9, 13], None), ([1, 7], None)])
+    batch = runner.empty_batch().extend(kvs)
+    expanded, key_heads = [], []
+    real_repeat, real_sdpa = sdpa.repeat_kv, torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda t, n: expanded.append(n) or real_repeat(t, n))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: key_heads.append(k.shape[1]) or real_sdpa(q, k, v, **kw))
+    logits, _ = runner.decode(batch, [3, 4])
+    assert expanded == [] and torch.isfinite(logits).all()
+    assert key_heads == [2] * runner.model.config.num_hidden_layers  # every layer attended over the 2 KV heads
