@@ -3,7 +3,9 @@ and per-token latency at several concurrencies, on the same random-init Qwen2-sh
 
 The engine runs in this process (``Engine`` + its scheduler thread, no HTTP): ``concurrency`` requests of
 ``--prompt-len`` random tokens are submitted at once, each generating exactly ``--new-tokens`` (T=1,
-ignore_eos). Token times are taken in the worker thread as each token is appended. Engine modes:
+ignore_eos), after an untimed 4-token run at that concurrency (``--no-warm``: without; the first run at a
+concurrency captures its decode graphs). Token times are taken in the worker thread as each token is
+appended. Engine modes:
 ``static`` (fixed KV buffers, decode steps replayed as CUDA graphs: the default on CUDA) and ``dynamic``
 (the left-padded KV rebuilt as rows join or leave, every kernel launched from Python: the CPU default).
 
@@ -157,8 +159,11 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
         try:
             engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
             for c in args.concurrency:
+                warm = None
+                if args.warm:  # capture this concurrency's decode graphs (row buckets as rows join) untimed
+                    warm = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=10_000 + c), 4, sync)["seconds"]
                 r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
-                rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r,
+                rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
                              "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
@@ -195,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="HF generate anchors (none: engine only)")
     p.add_argument("--hf-shapes", nargs="+", default=None, help="shapes with HF anchors (default: all)")
     p.add_argument("--hf-concurrency", nargs="+", type=int, default=None, help="default: --concurrency")
+    p.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                   help="before each timed engine run, an untimed 4-token run at that concurrency (captures its "
+                        "CUDA graphs, as the HF static anchor is timed after an untimed call); --no-warm: cold")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)

@@ -69,16 +69,16 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         kth = sorted_vals.gather(1, (ks - 1).unsqueeze(1))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    top_ps = torch.tensor([p.top_p for p in params], device=device)
-    if bool((top_ps < 1.0).any()):
+    if any(p.top_p < 1.0 for p in params):  # decided on the host: no device sync per decode step
+        top_ps = torch.tensor([p.top_p for p in params], device=device)
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # drop a token when the mass before it already reaches top_p (the first token is always kept)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = before >= top_ps.unsqueeze(1)
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
-    min_ps = torch.tensor([p.min_p for p in params], device=device)
-    if bool((min_ps > 0).any()):
+    if any(p.min_p > 0 for p in params):
+        min_ps = torch.tensor([p.min_p for p in params], device=device)
         threshold = probs.max(dim=-1, keepdim=True).values * min_ps.unsqueeze(1)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
