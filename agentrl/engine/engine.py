@@ -144,11 +144,16 @@ class Engine:
         return timings
 
     def keep_buffers(self, owner: str, keyed: Mapping[str, torch.Tensor], *, drop: bool = False) -> None:
-        """Hold ``owner``'s CUDA buffers by key (replacing those of the same key); ``drop``: let go of all."""
+        """Hold ``owner``'s CUDA buffers by key (replacing those of the same key); ``drop``: let go of all.
+
+        Only the latest owner's are held: a sender that was replaced without closing must not keep its
+        staging memory pinned here for good."""
         if drop:
             self.kept_buffers.pop(owner, None)
         cuda = {k: t for k, t in keyed.items() if t.device.type == "cuda"}
         if cuda:
+            if owner not in self.kept_buffers:
+                self.kept_buffers.clear()
             self.kept_buffers.setdefault(owner, {}).update(cuda)
 
     def apply_delta(self, payload: bytes, *, weight_version: str | None) -> str:

@@ -375,3 +375,23 @@ def test_dropping_kept_buffers_changes_nothing_else(client, tiny_model):
                                                                           drop_kept=True))
     assert r.status_code == 200 and r.json()["success"], r.text
     assert_unchanged(client, before)
+
+
+def test_only_the_latest_senders_cuda_buffers_are_held():
+    """CUDA buckets stay mapped for their sender's next sync; CPU ones never, a replaced sender's not."""
+    from types import SimpleNamespace
+
+    from agentrl.engine.engine import Engine
+
+    def buf(kind: str):
+        return SimpleNamespace(device=SimpleNamespace(type=kind))
+
+    state = SimpleNamespace(kept_buffers={})
+    keep = Engine.keep_buffers.__get__(state)
+    keep("a", {"0": buf("cuda"), "1": buf("cpu")})
+    keep("a", {"2": buf("cuda")})
+    assert {o: sorted(b) for o, b in state.kept_buffers.items()} == {"a": ["0", "2"]}
+    keep("b", {"0": buf("cuda")})  # a new sender: the old one's memory is let go
+    assert list(state.kept_buffers) == ["b"]
+    keep("b", {}, drop=True)
+    assert state.kept_buffers == {}
