@@ -8,6 +8,7 @@ actor returns its samples as an object in Ray's store, and every trainer rank re
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,8 @@ class RolloutWorker:
         self.manager = RolloutManager(model_dir, load_function(env_path), self.settings, dtype=dtype,
                                       log_dir=log_dir, engine_factory=factory)
         self.buffer = DataBuffer(load_function(group_filter))
+        self._in_flight: set[asyncio.Task] = set()  # rollouts and evaluations, cancelled by shutdown()
+        self._shutting_down = False
         self.manager.start()
 
     def engine_urls(self) -> list[str]:
@@ -161,7 +164,8 @@ class RolloutWorker:
         in order), the rollout's metrics and ``examples`` whole episodes to show. Call with
         ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks.
         ``trainer_version``: the weight version these samples will be trained on (staleness metrics)."""
-        batch = await self.manager.rollout(tasks, self.settings.samples_per_prompt, examples=examples)
+        batch = await self._abandoned_on_shutdown(
+            self.manager.rollout(tasks, self.settings.samples_per_prompt, examples=examples))
         samples = [s for g in batch.groups for s in g]
         self.buffer.add_groups(batch.groups)
         metrics = {**batch.metrics,
@@ -201,7 +205,7 @@ class RolloutWorker:
         """The pool's next batch for the weights ``trainer_version`` (as :meth:`rollout`; ``num_returns=3``)."""
         from agentrl.rollout.manager import _example
 
-        groups, metrics, episodes = await self.pool.take(trainer_version)
+        groups, metrics, episodes = await self._abandoned_on_shutdown(self.pool.take(trainer_version))
         samples = [s for g in groups for s in g]
         metrics.update({"rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, samples))),
                         "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))})
@@ -230,7 +234,19 @@ class RolloutWorker:
         self.buffer.load_state_dict(state)
 
     async def evaluate(self, tasks: list[Any]) -> dict[str, float]:
-        return await self.manager.evaluate(tasks)
+        return await self._abandoned_on_shutdown(self.manager.evaluate(tasks))
+
+    async def _abandoned_on_shutdown(self, work: Any) -> Any:
+        """Await ``work`` as a task that :meth:`shutdown` cancels (its episodes' ``close()`` still run)."""
+        if self._shutting_down:
+            work.close()
+            raise RuntimeError("the rollout actor is shutting down")
+        task = asyncio.ensure_future(work)
+        self._in_flight.add(task)
+        try:
+            return await task
+        finally:
+            self._in_flight.discard(task)
 
     async def load_from_disk(self, model_dir: str, weight_version: str) -> None:
         """Point every engine at a saved HF checkpoint (supervised warm-up evaluations)."""
@@ -242,11 +258,23 @@ class RolloutWorker:
     def resume_memory(self) -> None:
         self.manager.router.fanout("resume_memory_occupation", {})
 
-    async def shutdown(self) -> None:
-        if self.agents is not None:
-            await self.agents.stop()
-        await self.manager.aclose_client()
-        self.manager.shutdown()
+    async def shutdown(self, episode_grace_s: float = 30.0) -> None:
+        """Cancel the rollouts and evaluations in flight (and the episode pool), wait up to
+        ``episode_grace_s`` for their episodes to close, then stop the agents, the router and the engines
+        and close the environment's resources (``close_resources()``). New work is refused from here on."""
+        self._shutting_down = True
+        in_flight = list(self._in_flight)
+        for task in in_flight:
+            task.cancel()
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=episode_grace_s)
+        try:
+            await asyncio.wait_for(self.stop_pool(), episode_grace_s)
+            if self.agents is not None:
+                await self.agents.stop()
+            await self.manager.aclose_client()
+        finally:
+            self.manager.shutdown()
 
 
 def remote(cls: type, **options: Any) -> Any:

@@ -1,14 +1,19 @@
 """``agentrl train [CONFIG.yaml] [--output-dir DIR] [--resume] [--print-config] [--section.field VALUE ...]``.
 
-The config is loaded and fully validated before Ray or any engine starts. SIGTERM stops a run like
-Ctrl-C: every engine, the router and the Ray actors are stopped on the way out.
+The config is loaded and fully validated before Ray or any engine starts. SIGINT (Ctrl-C) and SIGTERM
+stop a run, also one started in the background (which inherits SIGINT ignored): the step in flight is
+abandoned, a checkpoint or metric row being written is completed, and every episode, environment resource
+(``close_resources()``), engine, router, agent process and Ray actor is stopped on the way out (at most a
+few minutes, each wait bounded); the exit status is 128 + the signal's number (130, 143).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -48,9 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(cfg.model_dump_json(indent=2))
         return 0
-    from agentrl.engine.process import exit_on_sigterm
+    from agentrl.run import stopping
 
-    exit_on_sigterm()
+    stopping.install()
+    try:
+        return _train(cfg, args)
+    except KeyboardInterrupt:
+        signum = stopping.requested() or signal.SIGINT
+        print(f"agentrl train: stopped by {stopping.signal_name(signum)}", file=sys.stderr, flush=True)
+        return 128 + signum
+
+
+def _train(cfg: Any, args: argparse.Namespace) -> int:
     if args.train_only:
         from agentrl.run.train_only import train_from_samples
 

@@ -38,10 +38,11 @@ class EpisodeStream:
         ray.get(self.run.rollout.start_pool.remote(self.run.tasks, self.run.first_step, settings))
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None = None, *exc: object) -> None:
         import ray
 
-        if self.run.rollout is not None:
+        stopping = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        if self.run.rollout is not None and not stopping:  # on a stop signal the rollout actor's shutdown stops it
             self.counts = ray.get(self.run.rollout.stop_pool.remote())
 
     def take(self, step: int) -> PendingBatch:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.run import stopping
 from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, SampleLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
 from agentrl.run.tracking import make_trackers
@@ -72,6 +74,9 @@ class Run:
         from agentrl.run.models import base_model_dir, warm_model_dir
 
         cfg = self.cfg
+        # SIGINT/SIGTERM raise in this thread and unwind into __exit__ (agentrl.run.stopping).
+        self._signal_scope = stopping.handling()
+        handles_signals = self._signal_scope.__enter__()
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.log_dir.mkdir(exist_ok=True)
         print(f"agentrl train: output in {self.out}, process logs in {self.log_dir}", flush=True)
@@ -80,9 +85,11 @@ class Run:
 
         # Every actor, on every node, gets the run's engine secret (the job's runtime env): engines require
         # it on their weight and control routes, the router on its control plane, the weight sync sends it.
-        cluster = placement.connect(cfg.ray, env_vars={"TOKENIZERS_PARALLELISM": "false", SECRET_ENV: run_secret()},
-                                    default_cpus=max(4, cfg.trainer_ranks + 1))
         try:
+            cluster = placement.connect(cfg.ray, env_vars={"TOKENIZERS_PARALLELISM": "false", SECRET_ENV: run_secret()},
+                                        default_cpus=max(4, cfg.trainer_ranks + 1))
+            if handles_signals:  # ray.init set SIGTERM to a handler that kills every Ray process, actors and all
+                stopping.install()
             self.plan = placement.reserve_for(cfg, cluster)
             base = base_model_dir(cfg)
             self.rollout = remote(RolloutWorker, num_cpus=0).options(**placement.on_this_node()).remote(
@@ -104,7 +111,7 @@ class Run:
             ray.get([t.configure_sync.remote(cfg.sync_mode, urls, options) for t in self.trainers])
             self._start(model_dir)
         except BaseException:
-            self.__exit__()
+            self.__exit__(*sys.exc_info())
             raise
         return self
 
@@ -121,7 +128,8 @@ class Run:
         self.update_weights(self.first_step)  # engines serve exactly the trainer's weights before any sample
         if not self.resume:
             evaluation = self.evaluate()
-            self.log.write({"step": 0, "model_dir": str(model_dir), "placement": self.placement, **evaluation})
+            with stopping.deferred():
+                self.log.write({"step": 0, "model_dir": str(model_dir), "placement": self.placement, **evaluation})
             self._keep_if_best(0, evaluation)
             self.save(0)
         else:
@@ -131,25 +139,50 @@ class Run:
             self.best = max(scored, key=lambda b: (b[0], -b[1])) if scored else None
         self._deadline = time.monotonic() + self.cfg.max_minutes * 60
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None = None, *exc: object) -> None:
+        """Stop the rollout actor (its episodes, the environments' ``close_resources()``, router, engines)
+        and the trainer ranks, each wait bounded, then Ray. Stop signals cannot cut it short; a stop
+        signal that ended the run is reported with the checkpoint a ``--resume`` starts from."""
         import ray
 
-        try:
-            if self.trainers:
-                ray.get([t.close.remote() for t in self.trainers])
-            if self.rollout is not None:
-                ray.get(self.rollout.shutdown.remote())
-        finally:
-            self.trainers, self.rollout = [], None
-            if self.plan is not None:
-                self.plan.remove()
-                self.plan = None
-            ray.shutdown()
-            for tracker in self.trackers:
-                tracker.close()
-            self.trackers = self.log.trackers = self.sample_log.trackers = []
-            if (self.out / "metrics.jsonl").exists():
-                plot_curves(self.out / "metrics.jsonl", self.out / "reward_curve.png")
+        started = time.monotonic()
+        stopped_by = stopping.requested() if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) else None
+        errors: list[BaseException] = []
+        with stopping.shielded():
+            if stopped_by is not None:
+                _say(f"stopping every process of the run (at most {ROLLOUT_SHUTDOWN_S + TRAINER_CLOSE_S:.0f} s)")
+            try:
+                waits = []  # issued together, so the rollout shutdown does not queue behind a trainer step
+                if self.rollout is not None:
+                    waits.append(("the rollout actor (episodes, environment resources, router, engines)",
+                                  [self.rollout.shutdown.remote()], ROLLOUT_SHUTDOWN_S))
+                if self.trainers:
+                    waits.append(("the trainer ranks", [t.close.remote() for t in self.trainers], TRAINER_CLOSE_S))
+                for what, refs, timeout in waits:
+                    errors += _settle(refs, started + timeout, what)
+            finally:
+                self.trainers, self.rollout = [], None
+                if self.plan is not None:
+                    self.plan.remove()
+                    self.plan = None
+                ray.shutdown()
+                if errors:  # the rollout actor may have died holding sandboxes: remove what has no owner now
+                    _remove_orphaned_sandboxes()
+                for tracker in self.trackers:
+                    tracker.close()
+                self.trackers = self.log.trackers = self.sample_log.trackers = []
+                if (self.out / "metrics.jsonl").exists():
+                    plot_curves(self.out / "metrics.jsonl", self.out / "reward_curve.png")
+                scope, self._signal_scope = getattr(self, "_signal_scope", None), None
+                if scope is not None:
+                    scope.__exit__(None, None, None)
+        if stopped_by is not None:
+            latest = self.checkpoints.latest_step()
+            where = f"step {latest} (`--resume` continues from it)" if latest is not None else "none"
+            _say(f"{stopping.signal_name(stopped_by)}: every process of the run stopped in "
+                 f"{time.monotonic() - started:.1f} s; last checkpoint: {where}")
+        if errors and exc_type is None:
+            raise errors[0]
 
     def steps(self) -> range:
         return range(self.first_step, self.last_step)
@@ -169,7 +202,9 @@ class Run:
         import ray
 
         metrics = ray.get(batch.metrics)
-        self.sample_log.write(batch.step + 1, ray.get(batch.examples))
+        examples = ray.get(batch.examples)
+        with stopping.deferred():
+            self.sample_log.write(batch.step + 1, examples)
         if self.cfg.colocate:
             ray.get(self.rollout.release_memory.remote())
         started = time.perf_counter()
@@ -198,27 +233,30 @@ class Run:
         """Checkpoint every rank and the data buffer as ``step``; point ``latest`` at it."""
         import ray
 
-        state = {"step": step, "buffer": ray.get(self.rollout.buffer_state.remote()),
-                 "data": self.tasks.state_dict(step, self.cfg.rollout.prompts_per_step)}
-        path = str(self.checkpoints.path(step))
-        ray.get([t.save_checkpoint.remote(path, state) for t in self.trainers])
-        self.checkpoints.mark_latest(step, protect=self.best[1] if self.best else None)
+        with stopping.deferred():  # a stop signal waits for the checkpoint and its `latest` pointer
+            state = {"step": step, "buffer": ray.get(self.rollout.buffer_state.remote()),
+                     "data": self.tasks.state_dict(step, self.cfg.rollout.prompts_per_step)}
+            path = str(self.checkpoints.path(step))
+            ray.get([t.save_checkpoint.remote(path, state) for t in self.trainers])
+            self.checkpoints.mark_latest(step, protect=self.best[1] if self.best else None)
 
     def export(self, name: str) -> Path:
         """The current policy as a HF model dir, ``OUTPUT_DIR/hf/<name>``."""
         import ray
 
         out = self.out / "hf" / name
-        ray.get([t.export_hf.remote(str(out)) for t in self.trainers])
+        with stopping.deferred():
+            ray.get([t.export_hf.remote(str(out)) for t in self.trainers])
         return out
 
     def _keep_if_best(self, step: int, evaluation: dict[str, float]) -> None:
         value = evaluation.get(self.cfg.eval.best_metric)
         if value is not None and (self.best is None or value > self.best[0]):
             self.best = (value, step)
-            self.export("best")
-            (self.out / "hf" / "best" / "agentrl_step.json").write_text(
-                json.dumps({"step": step, self.cfg.eval.best_metric: value}))
+            with stopping.deferred():
+                self.export("best")
+                (self.out / "hf" / "best" / "agentrl_step.json").write_text(
+                    json.dumps({"step": step, self.cfg.eval.best_metric: value}))
 
     def wait(self, batch: PendingBatch | None) -> None:
         """Block until ``batch``'s rollout finished (it then sampled only the weights it started on)."""
@@ -238,5 +276,43 @@ class Run:
             self.save(step)
         if getattr(self, "_placement_due", False):
             metrics["placement"], self._placement_due = self.placement, False
-        self.log.write({"step": step, **metrics})
+        with stopping.deferred():
+            self.log.write({"step": step, **metrics})
         return last
+
+
+ROLLOUT_SHUTDOWN_S = 120.0  # episodes cancelled, environment resources closed, router and engines stopped
+TRAINER_CLOSE_S = 60.0  # queued behind a trainer step in flight
+
+
+def _say(message: str) -> None:
+    print(f"agentrl train: {message}", file=sys.stderr, flush=True)
+
+
+def _settle(refs: list[Any], deadline: float, what: str) -> list[BaseException]:
+    """Wait for ``refs`` until ``deadline``; the errors (a timeout is one), each reported."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        ray.get(refs, timeout=max(0.0, deadline - time.monotonic()))
+    except GetTimeoutError as exc:
+        _say(f"{what} did not stop in time; Ray's shutdown kills it")
+        return [exc]
+    except Exception as exc:
+        _say(f"stopping {what} failed: {type(exc).__name__}: {exc}")
+        return [exc]
+    return []
+
+
+def _remove_orphaned_sandboxes() -> None:
+    """Sandboxes whose owner process is gone (a rollout actor killed before its environments closed them)."""
+    from agentrl.sandbox.gc import collect_garbage
+
+    try:
+        removed = collect_garbage(only_dead_owners=True)
+    except Exception as exc:
+        _say(f"could not look for sandboxes left behind: {exc} (`agentrl sandbox gc` removes them)")
+        return
+    if any(removed.values()):
+        _say(f"removed sandboxes left behind by a killed actor: {removed}")
