@@ -14,9 +14,11 @@ capability (not even a root one), so nothing in the container could start comman
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import tarfile
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -87,6 +89,7 @@ class DockerSandbox(ExecutorSandbox):
                 raise SandboxError(f"image {self.image!r} is not on this engine (images are never pulled); "
                                    "run `agentrl sandbox setup` or pass an image you built") from exc
             lim = self.limits
+            remove_deferred()
             track(self)
             try:
                 api.create_volume(self.volume_name, driver="local", labels=self._labels, driver_opts={
@@ -127,16 +130,11 @@ class DockerSandbox(ExecutorSandbox):
     def _remove(self) -> None:
         api = self.docker.api
         if self.container_id is not None:
-            try:
-                api.remove_container(self.container_id, force=True)
-            except Exception as exc:  # already gone, or the engine died: gc will find it by label
-                log.debug("remove container %s: %s", self.name, exc)
+            _remove_or_defer(api, "container", self.container_id)
             self.container_id = None
-        try:
-            api.remove_volume(self.volume_name, force=True)
-        except Exception as exc:
-            log.debug("remove volume %s: %s", self.volume_name, exc)
+        _remove_or_defer(api, "volume", self.volume_name)
         untrack(self)
+        remove_deferred()  # the engine answers again (or still does): what an outage left can go now
 
     # ---- executor hooks -----------------------------------------------------------------------
     def _launch_executor(self) -> ExecutorClient:
@@ -200,3 +198,41 @@ class DockerSandbox(ExecutorSandbox):
 
     def __repr__(self) -> str:
         return f"DockerSandbox({self.name}, image={self.image!r})"
+
+
+# Containers and volumes whose removal failed while the engine did not answer (a dockerd restart): the
+# container survives a restart as a stopped one, and its owner (this process) is alive, so no orphan
+# collection would take it before the run ends. Retried whenever a sandbox starts or is removed.
+_deferred: dict[tuple[str, str], object] = {}  # (kind, id) -> the API client to remove it with
+_deferred_lock = threading.Lock()
+
+
+def _remove_or_defer(api, kind: str, ident: str) -> None:
+    import docker
+
+    try:
+        (api.remove_container if kind == "container" else api.remove_volume)(ident, force=True)
+    except docker.errors.NotFound:
+        pass
+    except Exception as exc:  # the engine is down or restarting: keep it for later
+        log.debug("remove %s %s failed (%s); retried later", kind, ident[:24], exc)
+        with _deferred_lock:
+            _deferred[(kind, ident)] = api
+
+
+def remove_deferred() -> int:
+    """Retry the removals that failed while the engine was unreachable; returns how many remain."""
+    with _deferred_lock:
+        if not _deferred:
+            return 0
+        pending = dict(_deferred)
+        _deferred.clear()
+    for kind in ("container", "volume"):  # a volume goes once its container has
+        for (k, ident), api in pending.items():
+            if k == kind:
+                _remove_or_defer(api, kind, ident)
+    with _deferred_lock:
+        return len(_deferred)
+
+
+atexit.register(remove_deferred)

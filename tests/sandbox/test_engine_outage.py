@@ -1,0 +1,95 @@
+"""A container engine that stops answering (a dockerd restart) while sandboxes are removed: the removal is
+kept and retried when the engine answers again, so no stopped container outlives the pool that owned it.
+(The real restart, mid-episode, is ``tests/examples/test_coding_agent_dockerd_restart.py``.)"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import requests
+
+from agentrl.sandbox import DockerSandbox, SandboxPool
+from agentrl.sandbox import docker_sandbox as ds
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
+
+
+class EngineDown:
+    """The engine's API for one sandbox, refusing every removal while ``down`` (what the SDK raises when
+    the daemon's socket has no listener)."""
+
+    def __init__(self, api) -> None:
+        self._api, self.down = api, True
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._api, name)
+        if name in ("remove_container", "remove_volume"):
+            def refused(*args, **kwargs):
+                if self.down:
+                    raise requests.exceptions.ConnectionError("connection refused (engine down)")
+                return attr(*args, **kwargs)
+            return refused
+        return attr
+
+
+class ClientWith:
+    def __init__(self, client, api) -> None:
+        self._client, self.api = client, api
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+
+def _ours(api, label: str) -> tuple[list, list]:
+    containers = api.containers(all=True, filters={"label": f"agentrl.test={label}"})
+    volumes = api.volumes(filters={"label": f"agentrl.test={label}"}).get("Volumes") or []
+    return containers, volumes
+
+
+def test_a_removal_refused_by_a_down_engine_is_retried_when_it_answers():
+    from agentrl.sandbox.docker_client import docker_client
+
+    label = uuid.uuid4().hex
+    real = docker_client()
+    engine = EngineDown(real.api)
+    victim = DockerSandbox(labels={"agentrl.test": label}, client=ClientWith(real, engine))
+    try:
+        victim.start()
+        victim.close()  # the engine refuses: nothing removed, the sandbox is closed all the same
+        containers, volumes = _ours(real.api, label)
+        assert len(containers) == 1 and len(volumes) == 1 and not victim.alive
+        assert ds.remove_deferred() == 2  # still down: both kept
+        engine.down = False
+        with DockerSandbox(labels={"agentrl.test": label}):  # the next sandbox's start retries them
+            containers, volumes = _ours(real.api, label)
+            assert len(containers) == 1 and f"/{victim.name}" not in containers[0]["Names"]  # only the new one
+            assert victim.volume_name not in {v["Name"] for v in volumes}
+        assert _ours(real.api, label) == ([], [])
+    finally:
+        engine.down = False
+        ds.remove_deferred()
+
+
+def test_a_pool_replacing_sandboxes_during_an_outage_leaves_none_after_close():
+    from agentrl.sandbox.docker_client import docker_client
+
+    label = uuid.uuid4().hex
+    real = docker_client()
+    engine = EngineDown(real.api)
+    pool = SandboxPool(size=1, factory=lambda: DockerSandbox(labels={"agentrl.test": label},
+                                                              client=ClientWith(real, engine)))
+    try:
+        engine.down = False
+        sandbox = pool.acquire()
+        engine.down = True
+        sandbox.close()  # as if the container died, then its removal was refused
+        pool.release(sandbox)  # not alive: replaced; the old one's removal is refused again
+        assert len(_ours(real.api, label)[0]) == 2
+        engine.down = False
+        pool.close()
+        assert _ours(real.api, label) == ([], [])
+    finally:
+        engine.down = False
+        pool.close()
+        ds.remove_deferred()
