@@ -160,6 +160,7 @@ class DockerSandbox(ExecutorSandbox):
     def export_file(self, path: str, *, max_bytes: int) -> bytes:
         """The file as the engine archives it (``get_archive``): the sandbox's processes take no part."""
         import docker
+        import requests
 
         full = f"{self.workdir}/{work_path(self.workdir, path)}"
         if self.container_id is None:
@@ -168,7 +169,7 @@ class DockerSandbox(ExecutorSandbox):
             chunks, st = self.docker.api.get_archive(self.container_id, full)
         except docker.errors.NotFound as exc:
             raise FileNotFoundError(f"{path} does not exist in the sandbox") from exc
-        except docker.errors.APIError as exc:
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:  # or the engine is down
             raise SandboxError(f"could not archive {path}: {exc}") from exc
         mode, size = int(st.get("mode", 0)), int(st.get("size", 0))
         if mode & _GO_MODE_DIR:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -82,7 +83,9 @@ class SandboxPool:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SandboxPool:
-        """Create and start all ``size`` sandboxes (in parallel); idempotent."""
+        """Create and start all ``size`` sandboxes (in parallel); idempotent. When any fails (e.g. the
+        engine is restarting) the ones made are closed and the pool stays usable: the next call (or
+        acquire) tries again."""
         with self._lock:
             if self._closed:
                 raise SandboxError("pool is closed")
@@ -99,9 +102,25 @@ class SandboxPool:
                 except Exception as exc:
                     errors.append(exc)
         if errors:
-            self.close()
+            self._unwarm()
             raise SandboxError(f"could not warm the pool: {errors[0]}") from errors[0]
         return self
+
+    def _unwarm(self) -> None:
+        """Back to not started, with no sandbox (a failed :meth:`start`)."""
+        with self._lock:
+            sandboxes, self._all = list(self._all), set()
+            self._started = False
+        while True:
+            try:
+                self._idle.get_nowait()
+            except queue.Empty:
+                break
+        for sb in sandboxes:
+            try:
+                sb.close()
+            except Exception as exc:
+                log.warning("closing %r failed: %s", sb, exc)
 
     def _new_sandbox(self) -> Sandbox:
         sb = self._factory()
@@ -148,16 +167,22 @@ class SandboxPool:
         return self._idle.qsize()
 
     def acquire(self, timeout: float | None = None) -> Sandbox:
-        """A healthy sandbox for one episode; waits up to ``timeout`` s (None: forever) for a free one."""
-        if not self._started:
-            self.start()
+        """A healthy sandbox for one episode; waits up to ``timeout`` s (None: forever) for a free one.
+        A waiter looks again every second, so a pool that failed to warm (engine down) is warmed again
+        and a closed pool raises."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._closed:
                 raise SandboxError("pool is closed")
+            if not self._started:
+                self.start()
+            left = 1.0 if deadline is None else deadline - time.monotonic()
             try:
-                sb = self._idle.get(timeout=timeout)
+                sb = self._idle.get(timeout=max(0.0, min(1.0, left)))
             except queue.Empty:
-                raise TimeoutError(f"no sandbox free within {timeout}s (pool size {self.size})") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"no sandbox free within {timeout}s (pool size {self.size})") from None
+                continue
             if not self.health_check or sb.healthy():
                 with self._lock:
                     self.stats.handed_out += 1

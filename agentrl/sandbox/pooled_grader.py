@@ -44,10 +44,15 @@ class PooledGrader(Grader):
     def __init__(self, size: int = 2, *, backend: str = "auto", image: str = DEFAULT_IMAGE,
                  limits: SandboxLimits | None = None, timeout: float = 30.0, max_uses: int = 50,
                  labels: Mapping[str, str] | None = None,
-                 factory: Callable[[Mapping[str, str]], Sandbox] | None = None):
+                 factory: Callable[[Mapping[str, str]], Sandbox] | None = None, acquire_timeout: float = 300.0):
+        """``acquire_timeout``: how long a grade waits for a grading sandbox (they are busy, or being
+        replaced while the engine restarts) before it is a :class:`SandboxError`."""
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
+        if acquire_timeout <= 0:
+            raise ValueError(f"acquire_timeout must be > 0, got {acquire_timeout}")
         self.timeout = timeout
+        self.acquire_timeout = acquire_timeout
         self._root = Path(tempfile.mkdtemp(prefix="agentrl-pooled-grade-"))
         (self._root / "grade_runner.py").write_text(RUNNER_SOURCE)
         for path in (self._root, self._root / "grade_runner.py"):
@@ -80,7 +85,11 @@ class PooledGrader(Grader):
                 (tests_dir / name).write_bytes(content.encode() if isinstance(content, str) else bytes(content))
             for p in [case, tests_dir, *tests_dir.iterdir()]:
                 p.chmod(0o755 if p.is_dir() else 0o644)
-            sandbox = self.pool.acquire()
+            try:
+                sandbox = self.pool.acquire(timeout=self.acquire_timeout)
+            except TimeoutError as exc:
+                raise SandboxError(f"no grading sandbox within {self.acquire_timeout:.0f} s (all busy, or the "
+                                   "container engine does not answer); the solution was not judged") from exc
             try:
                 if solution_files:
                     sandbox.write_files(solution_files)

@@ -93,3 +93,39 @@ def test_a_pool_replacing_sandboxes_during_an_outage_leaves_none_after_close():
         engine.down = False
         pool.close()
         ds.remove_deferred()
+
+
+def test_a_pool_that_could_not_warm_while_the_engine_was_down_warms_once_it_answers():
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandbox.docker_client import docker_client
+
+    label = uuid.uuid4().hex
+    down = [True]
+
+    def factory():
+        if down[0]:
+            raise SandboxError("could not start a sandbox: engine down")
+        return DockerSandbox(labels={"agentrl.test": label})
+
+    pool = SandboxPool(size=2, factory=factory)
+    try:
+        with pytest.raises(SandboxError, match="could not warm the pool"):
+            pool.acquire(timeout=5)
+        down[0] = False  # the engine answers again: the same pool warms on the next acquire
+        with pool.session(timeout=60) as sandbox:
+            assert sandbox.healthy()
+    finally:
+        pool.close()
+    assert _ours(docker_client().api, label) == ([], [])
+
+
+def test_a_grade_that_gets_no_grading_sandbox_in_time_is_a_sandbox_error():
+    from agentrl.sandbox import PooledGrader, SandboxError
+
+    with PooledGrader(size=1, backend="docker", acquire_timeout=1.0) as grader:
+        held = grader.pool.acquire()  # the only grading sandbox is busy (or being replaced) throughout
+        try:
+            with pytest.raises(SandboxError, match="no grading sandbox within 1 s"):
+                grader.grade({"solution.py": "x = 1\n"}, {"test_solution.py": "def test_x():\n    pass\n"})
+        finally:
+            grader.pool.release(held)
