@@ -68,3 +68,16 @@ def test_smollm2s_template_drops_tools_so_only_the_demonstrations_show_the_call_
     with_tools = tokenizer.apply_chat_template(messages, tools=FewShotArithmeticToolEnv.tool_schemas(), tokenize=False)
     assert with_tools == tokenizer.apply_chat_template(messages, tokenize=False)
     assert with_tools.count("<tool_call>") == 2 * len(DEMONSTRATIONS)
+
+
+def test_the_smollm2_gpu_config_runs_this_environment_colocated_on_one_gpu() -> None:
+    from agentrl.run.config import load_config
+    from agentrl.run.placement import check_shape, check_sync_support
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "config_smollm2_gpu.yaml"
+    cfg = load_config(config, ["--model.path", "/models/smollm2"])
+    assert cfg.env == "examples.arithmetic.fewshot:FewShotArithmeticToolEnv" and cfg.expert is None
+    assert cfg.colocate and cfg.loop == "sync" and (cfg.ray.gpus_per_rank, cfg.ray.gpus_per_engine) == (1, 1)
+    assert (cfg.sync_mode, cfg.sync_options) == ("tensor", {"transport": "cuda_ipc"})
+    check_shape(cfg.ray, ranks=cfg.trainer_ranks, engines=cfg.rollout.num_engines, colocate=cfg.colocate)
+    check_sync_support(cfg.sync_mode, cfg.sync_options, {"http://e:1": "agentrl-embedded"})
