@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from agentrl.run import stopping
 
-    stopping.install()
-    try:
-        return _train(cfg, args)
-    except KeyboardInterrupt:
-        signum = stopping.requested() or signal.SIGINT
-        print(f"agentrl train: stopped by {stopping.signal_name(signum)}", file=sys.stderr, flush=True)
-        return 128 + signum
+    with stopping.handling():  # SIGINT/SIGTERM from here on stop the run (and the handlers are put back after)
+        try:
+            return _train(cfg, args)
+        except KeyboardInterrupt:
+            signum = stopping.requested() or signal.SIGINT
+            print(f"agentrl train: stopped by {stopping.signal_name(signum)}", file=sys.stderr, flush=True)
+            return 128 + signum
 
 
 def _train(cfg: Any, args: argparse.Namespace) -> int:
