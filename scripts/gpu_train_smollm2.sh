@@ -135,8 +135,10 @@ EOF
         echo "torch_memory_saver did not build (rc $(cat /tmp/tms_build.rc 2>/dev/null || echo 'still running')); log tail:"
         grep -v "^  *$" /tmp/tms_build.log | tail -30
       else
-        hook=$(find "$SITE_TMS/torch_memory_saver" -name 'torch_memory_saver_hook_mode_preload_cu13*.so' | head -1)
-        cudart=$(dirname "$(find / -name 'libcudart.so.13' -not -path '/proc/*' 2>/dev/null | head -1)")
+        # pip --target puts the extension modules at the top of the target, beside the package (2026-12-02)
+        hook=$(find "$SITE_TMS" -maxdepth 2 -name 'torch_memory_saver_hook_mode_preload_cu13*.so' | head -1)
+        [ -n "$hook" ] || { echo "no preload hook under $SITE_TMS"; ls -R "$SITE_TMS" | head; exit 1; }
+        cudart=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))")  # torch's own cudart
         log "hook $hook; libcudart from $cudart"
         export LD_LIBRARY_PATH=$cudart:${LD_LIBRARY_PATH:-}
         EXTRA_PATH=$SITE_TMS PRELOAD=$hook run_train tms "${TMS_HARD_S:-150}" --steps 2 --eval.num_tasks 32 \
