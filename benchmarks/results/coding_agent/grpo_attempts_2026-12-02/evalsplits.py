@@ -1,6 +1,12 @@
 """Greedy eval of a model dir on held-out and train splits; dumps per-episode rows (task, reward, messages)."""
-import asyncio, json, sys, time
-sys.path.insert(0, "/work/main")
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root
 from agentrl.rollout.manager import RolloutManager, RolloutSettings
 from examples.coding_agent.function_env import FunctionEnv, make_tasks
 
@@ -10,6 +16,8 @@ splits = [("heldout", 0), ("train", 12345)]
 settings = RolloutSettings(num_engines=1, temperature=0.0, max_new_tokens=mnt, concurrency=32)
 manager = RolloutManager(model, FunctionEnv, settings).start()
 rows = []
+
+
 async def go():
     try:
         for split, seed in splits:
@@ -21,15 +29,35 @@ async def go():
             for i, s in enumerate(batch.examples):
                 md = s["metadata"]
                 msgs = md["messages"]
-                seen[i] = dict(split=split, reward=s["reward"], messages=msgs, stop=md.get("stop_reason"),
-                               ill=md.get("ill_formed_turns"), task=by_prompt[msgs[1]["content"]])
+                seen[i] = dict(
+                    split=split,
+                    reward=s["reward"],
+                    messages=msgs,
+                    stop=md.get("stop_reason"),
+                    ill=md.get("ill_formed_turns"),
+                    task=by_prompt[msgs[1]["content"]],
+                )
             rows.extend(seen.values())
             acc = sum(r["reward"] for r in seen.values()) / len(tasks)
-            print(json.dumps({"model": model, "split": split, "n": len(tasks), "episodes": len(seen), "acc": acc, "s": time.time() - t0}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "model": model,
+                        "split": split,
+                        "n": len(tasks),
+                        "episodes": len(seen),
+                        "acc": acc,
+                        "s": time.time() - t0,
+                    }
+                ),
+                flush=True,
+            )
     finally:
         await manager.aclose_client()
+
+
 try:
     asyncio.run(go())
 finally:
     manager.shutdown()
-json.dump(rows, open(out, "w"), default=str)
+Path(out).write_text(json.dumps(rows, default=str))
