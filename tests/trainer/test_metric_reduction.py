@@ -72,9 +72,10 @@ def test_data_parallel_ranks_max_and_min_reduce() -> None:
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         out = manager.dict()
-        # fork: the children need no fresh interpreter (torch imports) for three small all-reduces
+        # spawn, not fork: in the suite an earlier test has set up this process's default process group,
+        # and a forked child would inherit it ("initialize the default process group twice")
         mp.start_processes(_rank_main, args=(len(RANKS), port, out), nprocs=len(RANKS), join=True,
-                           start_method="fork")
+                           start_method="spawn")
         results = [dict(out[r]) for r in range(len(RANKS))]
     want = {"is_ratio_max": 9.0, "is_ratio_min": 0.6, "is_capped_frac": (0.5 * 2 + 0.0 * 6) / 8}
     for got in results:  # every rank reports the same global values
