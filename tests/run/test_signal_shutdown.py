@@ -120,60 +120,96 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a non-interactive shell starts `cmd &`
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_signal_in_grpo_stops_the_run_and_closes_environment_resources(tmp_path, docker_api, cache_dir, sig):
-    label = uuid.uuid4().hex
-    module = f"signal_env_{label[:8]}"
-    closed_mark = tmp_path / "close_resources_ran"
-    (tmp_path / f"{module}.py").write_text(USER_MODULE.replace("@LABEL@", label).replace("@CLOSED@", str(closed_mark)))
-    shm_before = set(Path("/dev/shm").glob("agentrl-weights-*"))
-    mine = {"label": [f"agentrl.test={label}"]}
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", f"{module}:Echo", "--tasks", f"{module}:tasks",
-           "--output-dir", str(out), "--cache_dir", str(cache_dir), "--steps", "50",
-           "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "2",
-           "--rollout.max_new_tokens", "8", "--eval.num_tasks", "2", "--eval.every", "100", "--sync_mode", "disk"]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-                            preexec_fn=_ignore_sigint)
-    seen: dict[int, str] = {}
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:  # GRPO: step 0 checkpointed, a rollout using the container under way
-            for p in _descendants(proc.pid):
-                with contextlib.suppress(psutil.Error):
-                    seen[p.pid] = " ".join(p.cmdline())[:120]
-            if (out / "checkpoints" / "latest").exists() and docker_api.containers(filters=mine):
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.3)
-        else:
-            pytest.fail("the run never reached GRPO")
-        time.sleep(1.0)  # into step 1's rollout
-        in_grpo = time.monotonic() - started
-        assert any("agentrl.engine" in c for c in seen.values()) and any("smg" in c for c in seen.values())
-        sent = time.monotonic()
-        os.kill(proc.pid, sig)
-        output, _ = proc.communicate(timeout=EXIT_BOUND_S + 60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        leftovers = docker_api.containers(all=True, filters=mine)
-        for c in leftovers:  # do not leave them to the next test, whatever happened
+class StoppedRun:
+    """One ``agentrl train`` subprocess with its own labelled container, output dir and close marker."""
+
+    def __init__(self, tmp_path: Path, cache_dir: Path, sig: int) -> None:
+        self.sig, self.name = sig, signal.Signals(sig).name
+        label = uuid.uuid4().hex
+        module = f"signal_env_{label[:8]}"
+        self.dir = tmp_path / self.name
+        self.dir.mkdir()
+        self.closed_mark = self.dir / "close_resources_ran"
+        (self.dir / f"{module}.py").write_text(
+            USER_MODULE.replace("@LABEL@", label).replace("@CLOSED@", str(self.closed_mark)))
+        self.mine = {"label": [f"agentrl.test={label}"]}
+        self.out = self.dir / "run"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.dir), os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", f"{module}:Echo", "--tasks", f"{module}:tasks",
+               "--output-dir", str(self.out), "--cache_dir", str(cache_dir), "--steps", "50",
+               "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "2",
+               "--rollout.max_new_tokens", "8", "--eval.num_tasks", "2", "--eval.every", "100", "--sync_mode", "disk"]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     cwd=REPO, preexec_fn=_ignore_sigint)
+        self.seen: dict[int, str] = {}
+        self.in_grpo: float | None = None
+        self.output, self.took, self.leftovers = "", None, []
+
+    def poll_into_grpo(self, docker_api) -> bool:
+        """Records the run's processes; True once step 0 is checkpointed and a rollout uses the container."""
+        for p in _descendants(self.proc.pid):
+            with contextlib.suppress(psutil.Error):
+                self.seen[p.pid] = " ".join(p.cmdline())[:120]
+        if self.in_grpo is None and (self.out / "checkpoints" / "latest").exists() \
+                and docker_api.containers(filters=self.mine):
+            self.in_grpo = time.monotonic() - self.started
+        if self.in_grpo is None and self.proc.poll() is not None:
+            pytest.fail(f"{self.name} run exited before GRPO:\n{self.proc.stdout.read()[-4000:]}")
+        return self.in_grpo is not None
+
+    def cleanup(self, docker_api) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.leftovers = docker_api.containers(all=True, filters=self.mine)
+        for c in self.leftovers:  # do not leave them to the next test, whatever happened
             docker_api.remove_container(c["Id"], force=True)
-    name = signal.Signals(sig).name
-    print(f"{name}: GRPO after {in_grpo:.1f} s, stopped {took:.1f} s after the signal")
-    assert proc.returncode == 128 + sig, output[-4000:]
-    assert took < EXIT_BOUND_S, f"took {took:.1f} s to stop:\n{output[-4000:]}"
+
+
+def test_a_stop_signal_in_grpo_stops_the_run_and_closes_environment_resources(tmp_path, docker_api, cache_dir):
+    """SIGINT and SIGTERM, each to its own run; both runs start together so the suite pays one start-up."""
+    shm_before = set(Path("/dev/shm").glob("agentrl-weights-*"))
+    runs = [StoppedRun(tmp_path, cache_dir, signal.SIGINT)]
+    try:
+        # The second run starts once the first has built the shared tiny base model in cache_dir.
+        deadline = time.monotonic() + 400
+        while not list(cache_dir.glob("tiny-*/config.json")) and time.monotonic() < deadline:
+            runs[0].poll_into_grpo(docker_api)
+            time.sleep(0.3)
+        runs.append(StoppedRun(tmp_path, cache_dir, signal.SIGTERM))
+        waiting = list(runs)
+        while waiting and time.monotonic() < deadline:
+            waiting = [r for r in waiting if not r.poll_into_grpo(docker_api)]
+            for run in runs:
+                if run not in waiting and run.took is None:
+                    time.sleep(1.0)  # into step 1's rollout
+                    run.poll_into_grpo(docker_api)
+                    sent = time.monotonic()
+                    os.kill(run.proc.pid, run.sig)
+                    run.output, _ = run.proc.communicate(timeout=EXIT_BOUND_S + 60)
+                    run.took = time.monotonic() - sent
+            time.sleep(0.3)
+        if waiting:
+            pytest.fail(f"never reached GRPO: {[r.name for r in waiting]}")
+    finally:
+        for run in runs:
+            run.cleanup(docker_api)
+    for run in runs:
+        _check_stopped(run, shm_before)
+
+
+def _check_stopped(run: StoppedRun, shm_before: set[Path]) -> None:
+    name, output, out, proc = run.name, run.output, run.out, run.proc
+    print(f"{name}: GRPO after {run.in_grpo:.1f} s, stopped {run.took:.1f} s after the signal")
+    assert proc.returncode == 128 + run.sig, output[-4000:]
+    assert run.took < EXIT_BOUND_S, f"took {run.took:.1f} s to stop:\n{output[-4000:]}"
     assert f"{name} received: stopping the run" in output
     assert f"{name}: every process of the run stopped" in output and f"stopped by {name}" in output
-    assert closed_mark.exists(), "the environment's close_resources() did not run"
-    assert leftovers == [], "the environment's container was left"
+    assert run.closed_mark.exists(), "the environment's close_resources() did not run"
+    assert run.leftovers == [], "the environment's container was left"
     time.sleep(1.0)
-    alive = [f"{pid}: {c}" for pid, c in seen.items() if psutil.pid_exists(pid)
+    alive = [f"{pid}: {c}" for pid, c in run.seen.items() if psutil.pid_exists(pid)
              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"left running after {name}: {alive}"
     assert set(Path("/dev/shm").glob("agentrl-weights-*")) <= shm_before  # no shared-memory weight copy left
