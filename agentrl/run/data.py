@@ -60,7 +60,9 @@ class FunctionTasks:
         return self.fn(n, seed=self.seed, split="heldout", **self.kwargs)
 
     def warmup(self, n: int, seed: int) -> list[Any]:
-        return self.fn(n, seed=seed, split="train", **self.kwargs)
+        # A function may keep the warm-up's tasks apart from GRPO's by naming their split in a
+        # ``warmup_split`` attribute (GRPO then trains on tasks the supervised phase never showed).
+        return self.fn(n, seed=seed, split=getattr(self.fn, "warmup_split", "train"), **self.kwargs)
 
     def state_dict(self, step: int, n: int) -> dict[str, Any]:
         return {}
