@@ -104,32 +104,57 @@ def held_out_question_ids() -> frozenset[str]:
     return frozenset(held)
 
 
+@cache
+def warmup_question_ids(share: float) -> frozenset[str]:
+    """A seeded ``share`` of each kind's non-held-out questions (the ``holdout="question"`` warm-up pool)."""
+    held = held_out_question_ids()
+    out = []
+    for kind in KINDS:
+        ids = sorted(q["id"] for q in all_questions() if q["kind"] == kind and q["id"] not in held)
+        random.Random(f"{SPLIT_SEED}-warmup-{kind}").shuffle(ids)
+        out += ids[: round(len(ids) * share)]
+    return frozenset(out)
+
+
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
-                   seed: int = 0, holdout: str = "country") -> list[dict[str, Any]]:
-    """Questions of ``kinds`` from ``split`` (``"train"`` or ``"heldout"``).
+                   seed: int = 0, holdout: str = "country", warmup_share: float | None = None,
+                   ) -> list[dict[str, Any]]:
+    """Questions of ``kinds`` from ``split`` (``"train"``, ``"warmup"`` or ``"heldout"``).
 
     ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
     answer). ``holdout="question"``: a seeded fifth of each kind's questions is held out, and the countries
     they name also occur in training questions (a held-out question is a new combination).
 
+    ``warmup_share`` (``holdout="question"`` only): this seeded share of each kind's other questions is the
+    ``"warmup"`` split (the supervised warm-up's chats) and the rest is ``"train"`` (GRPO's), so GRPO
+    works on questions the warm-up never showed: the model cannot recall their answers, only find them
+    with its searches, as on held-out questions. None: ``"warmup"`` is the same pool as ``"train"``.
+
     ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
     kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
     when used up — so every kind is equally frequent however many questions it has, no country dominates
     (China borders 14 countries: 75 two-hop questions), and ``n`` may exceed the pool."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if split not in ("train", "warmup", "heldout"):
+        raise ValueError(f"split must be 'train', 'warmup' or 'heldout', got {split!r}")
     kinds = tuple(kinds)
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {KINDS}")
     if holdout not in ("country", "question"):
         raise ValueError(f"holdout must be 'country' or 'question', got {holdout!r}")
+    if warmup_share is not None and (holdout != "question" or not 0 < warmup_share < 1):
+        raise ValueError(f"warmup_share needs holdout='question' and 0 < share < 1, got {warmup_share!r} "
+                         f"with holdout={holdout!r}")
     rng = random.Random(seed)
+    if warmup_share is None and split == "warmup":
+        split = "train"
     if holdout == "country":
         pool = [q for q in all_questions() if q["split"] == split and q["kind"] in kinds]
     else:
         held = held_out_question_ids()
-        pool = [{**q, "split": "heldout" if q["id"] in held else "train"} for q in all_questions() if q["kind"] in kinds]
+        warm = warmup_question_ids(warmup_share) if warmup_share is not None else frozenset()
+        pool = [{**q, "split": "heldout" if q["id"] in held else "warmup" if q["id"] in warm else "train"}
+                for q in all_questions() if q["kind"] in kinds]
         pool = [q for q in pool if q["split"] == split]
     if n is None:
         rng.shuffle(pool)
@@ -155,3 +180,8 @@ def _round_robin(questions: list[dict[str, Any]], rng: random.Random) -> list[di
         ranked.append((seen[q["country"]], len(ranked), q))
         seen[q["country"]] += 1
     return [q for _, _, q in sorted(ranked, key=lambda r: r[:2])]
+
+
+# The run's warm-up asks for this split (agentrl.run.data.FunctionTasks.warmup): with ``warmup_share`` set,
+# its chats and GRPO's questions are disjoint; without it "warmup" means "train".
+make_questions.warmup_split = "warmup"

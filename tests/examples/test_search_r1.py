@@ -107,6 +107,33 @@ def test_the_question_holdout_splits_questions_not_countries():
         make_questions(holdout="nope")
 
 
+def test_the_warmup_share_keeps_warmup_grpo_and_heldout_questions_apart():
+    """The run's warm-up reads the "warmup" split (FunctionTasks honours make_questions.warmup_split), GRPO
+    the "train" split: with warmup_share they never share a question, and held-out shares neither."""
+    import yaml
+
+    from agentrl.run.data import FunctionTasks
+
+    kwargs = yaml.safe_load(CONFIG.read_text())["task_kwargs"]
+    assert kwargs["holdout"] == "question" and kwargs["warmup_share"] == 0.5  # the config's split is this one
+    pools = {split: {q["id"] for q in make_questions(split=split, **kwargs)} for split in ("train", "warmup", "heldout")}
+    assert pools["train"].isdisjoint(pools["warmup"]) and pools["heldout"].isdisjoint(pools["train"] | pools["warmup"])
+    for kind in kwargs["kinds"]:  # half of each kind's non-held-out questions (rounded)
+        n = {s: sum(i.startswith(f"{kind}:") for i in ids) for s, ids in pools.items()}
+        assert abs(n["train"] - n["warmup"]) <= 1
+    tasks = FunctionTasks(make_questions, seed=0, task_kwargs=kwargs)
+    assert {q["id"] for q in tasks.warmup(500, seed=1)} == pools["warmup"]  # 500 > pool: all of it
+    assert {q["id"] for step in range(1, 6) for q in tasks.train(64, step)} <= pools["train"]
+    assert {q["id"] for q in tasks.heldout(100)} <= pools["heldout"]
+    # Without warmup_share the warm-up trains on GRPO's questions (the first run's split).
+    assert {q["id"] for q in make_questions(split="warmup", holdout="question")} == \
+        {q["id"] for q in make_questions(split="train", holdout="question")}
+    with pytest.raises(ValueError, match="warmup_share"):
+        make_questions(holdout="country", warmup_share=0.5)
+    with pytest.raises(ValueError, match="warmup_share"):
+        make_questions(holdout="question", warmup_share=1.0)
+
+
 def test_every_expert_query_finds_its_evidence_first():
     index = default_index()
     for q in all_questions():
