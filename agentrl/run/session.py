@@ -270,10 +270,15 @@ class Run:
         metric row. True when the run is over (step cap or time budget)."""
         last = step >= self.last_step or time.monotonic() > self._deadline
         if step % self.cfg.eval.every == 0 or last:
+            started = time.perf_counter()
             evaluation = self.evaluate()
+            evaluated = time.perf_counter()
             metrics.update(evaluation)
             self._keep_if_best(step, evaluation)
             self.save(step)
+            # The evaluation's and the checkpoint's (with the best-policy export) share of the step's wall time.
+            metrics["eval/seconds"] = evaluated - started
+            metrics["checkpoint/seconds"] = time.perf_counter() - evaluated
         if getattr(self, "_placement_due", False):
             metrics["placement"], self._placement_due = self.placement, False
         with stopping.deferred():
