@@ -8,7 +8,7 @@ update leaves the old weights and version, and no forward pass ever sees half-up
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,13 +121,34 @@ class Engine:
 
         start = time.perf_counter()
         self.check_weights(tensors, require_all=require_all)
-        timings = {"check_s": time.perf_counter() - start}
+        checked = {"check_s": time.perf_counter() - start}
+        return checked | self.apply_copy(lambda: copy_into(self.runner.named_tensors(), tensors),
+                                         weight_version=weight_version, flush_cache=flush_cache, method=method,
+                                         model_path=model_path)
+
+    def apply_copy(
+        self,
+        copy: Callable[[], None],
+        *,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        method: str,
+        model_path: str | None = None,
+    ) -> dict[str, float]:
+        """The second half of :meth:`apply_weights`: run ``copy()`` -- writes already checked against this
+        model, which must have landed on the device when it returns -- in the worker between two steps,
+        then set the version. Returns ``wait_s``, ``copy_s`` and ``version_s``. Blocking."""
+        import time
+
+        timings: dict[str, float] = {}
         queued = time.perf_counter()
 
         def op() -> None:
             began = time.perf_counter()
             timings["wait_s"] = began - queued
-            copy_into(self.runner.named_tensors(), tensors)
+            if self.memory_released & {"weights", "all"}:
+                raise WeightUpdateError("weights are released (release_memory_occupation); resume them first")
+            copy()
             copied = time.perf_counter()
             timings["copy_s"] = copied - began
             if weight_version is not None:

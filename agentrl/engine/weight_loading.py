@@ -25,6 +25,9 @@ the smg fan-out selector that reaches every engine's weight routes at once.
   under ``(owner, key)`` so the next sync from the same persistent staging buffer hits torch's IPC
   cache instead of mapping the memory again (the sender must synchronise before sending: a cache hit
   does not wait on the sender's event); ``drop_kept`` (with no buckets) lets go of the owner's buffers.
+  A repeat of the kept layout (same owner, keys, memory and entries) reuses the views and the checked
+  copy plan of the last one (:class:`FlatLayoutCache`). The answer carries ``weight_version``: the
+  version the engine holds once the update is in (the sender needs no ``/server_info`` round trip).
 
 Use :func:`serialize_named_tensors` / :func:`update_weights_from_tensor_body` (or
 :func:`flat_buckets_body`) on the trainer side.
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,12 +135,16 @@ def flat_buckets_body(
 
 @dataclass
 class FlatBuckets:
-    """A received ``flat_buckets`` payload: named views into the flat buffers, and the buffers by key."""
+    """A received ``flat_buckets`` payload: named views into the flat buffers, and the buffers by key.
+
+    ``layout``: what makes two payloads the same layout (owner, and each bucket's key, memory, size, dtype
+    and entries), or ``None`` when a bucket has no key (fresh memory: nothing to reuse)."""
 
     owner: str
     tensors: dict[str, torch.Tensor]
     keyed: dict[str, torch.Tensor]
     drop_kept: bool
+    layout: tuple | None = None
 
 
 def _decode(payload: str | bytes) -> bytes:
@@ -147,8 +154,27 @@ def _decode(payload: str | bytes) -> bytes:
         raise ValueError(f"serialized_named_tensors is not valid base64: {exc}") from None
 
 
-def deserialize_flat_buckets(payload: str | bytes) -> FlatBuckets:
-    """Inverse of :func:`flat_buckets_body`'s payload; ``ValueError`` naming what is malformed."""
+def _layout_of(owner: str, buckets: list) -> tuple | None:
+    """The layout key of unpickled buckets (see :class:`FlatBuckets`), ``None`` unless every one is keyed."""
+    import torch
+
+    parts = []
+    for bucket in buckets:
+        flat = bucket.get("flat") if isinstance(bucket, dict) else None
+        if not isinstance(flat, torch.Tensor) or bucket.get("key") is None:
+            return None
+        # the entries as unpickled (lists): the next payload's are compared with them in C, no loop here
+        parts.append((str(bucket["key"]), flat.data_ptr(), flat.numel(), flat.dtype, str(flat.device),
+                      bucket.get("entries")))
+    return (owner, tuple(parts)) if parts else None
+
+
+def deserialize_flat_buckets(payload: str | bytes, cache: FlatLayoutCache | None = None) -> FlatBuckets:
+    """Inverse of :func:`flat_buckets_body`'s payload; ``ValueError`` naming what is malformed.
+
+    With ``cache``: a payload of the layout received last (same owner, keys, memory and entries: the
+    sender's persistent staging, still mapped here) reuses that payload's checked views instead of
+    building one per entry again."""
     import math
     from multiprocessing.reduction import ForkingPickler
 
@@ -163,6 +189,11 @@ def deserialize_flat_buckets(payload: str | bytes) -> FlatBuckets:
         raise ValueError(f"flat_buckets payload could not be unpickled: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("buckets"), list) or not isinstance(raw.get("owner"), str):
         raise ValueError("a flat_buckets payload is a dict with 'owner' (str) and 'buckets' (list)")
+    layout = _layout_of(raw["owner"], raw["buckets"]) if cache is not None else None
+    if layout is not None:
+        hit = cache.get(layout)
+        if hit is not None:
+            return FlatBuckets(raw["owner"], hit.tensors, hit.keyed, bool(raw.get("drop_kept", False)), layout)
     tensors: dict[str, torch.Tensor] = {}
     keyed: dict[str, torch.Tensor] = {}
     for i, bucket in enumerate(raw["buckets"]):
@@ -187,7 +218,82 @@ def deserialize_flat_buckets(payload: str | bytes) -> FlatBuckets:
         key = bucket.get("key")
         if key is not None:
             keyed[str(key)] = flat
-    return FlatBuckets(raw["owner"], tensors, keyed, bool(raw.get("drop_kept", False)))
+    return FlatBuckets(raw["owner"], tensors, keyed, bool(raw.get("drop_kept", False)), layout)
+
+
+class CopyPlan:
+    """The copies of one received layout into a model's tensors, grouped once: a fused ``_foreach_copy_``
+    per (device, dtype), a plain copy where device or dtype differ. ``targets`` are the model's live
+    tensors (``state_dict(keep_vars=True)``: parameters whose ``.data`` may be swapped, as releasing and
+    resuming memory does, are still the objects written)."""
+
+    def __init__(self, targets: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> None:
+        groups: dict[tuple[Any, Any], tuple[list, list]] = {}
+        self.others: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pairs = [(targets[name], src) for name, src in tensors.items()]
+        for dst, src in self.pairs:
+            if src.device == dst.device and src.dtype == dst.dtype:
+                dsts, srcs = groups.setdefault((dst.device, dst.dtype), ([], []))
+                dsts.append(dst)
+                srcs.append(src)
+            else:
+                self.others.append((dst, src))
+        self.groups = list(groups.values())
+        self.devices = sorted({dst.device for dst, _ in self.pairs if dst.device.type == "cuda"}, key=str)
+
+    def still_fits(self) -> bool:
+        """Whether every target still has its source's shape (a swapped ``.data`` could differ)."""
+        return all(dst.shape == src.shape for dst, src in self.pairs)
+
+    def __call__(self) -> None:
+        """Copy (bitwise where dtypes match) and wait until the copies are on the device."""
+        import torch
+
+        with torch.no_grad():
+            for dsts, srcs in self.groups:
+                torch._foreach_copy_(dsts, srcs)
+            for dst, src in self.others:
+                dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
+        for device in self.devices:
+            torch.cuda.synchronize(device)
+
+
+@dataclass
+class CachedLayout:
+    tensors: dict[str, torch.Tensor]
+    keyed: dict[str, torch.Tensor]
+    plan: CopyPlan | None = None
+    model: Any = None  # the model ``plan`` was checked against
+
+
+class FlatLayoutCache:
+    """The last kept ``flat_buckets`` layout with its views and its checked :class:`CopyPlan`, so a
+    repeat sync from the same staging buffers costs no per-tensor Python (views, name and shape checks,
+    grouping). Holds at most one layout; holding it keeps its buffers mapped, so :meth:`clear` it when
+    the engine lets go of the sender's buffers."""
+
+    def __init__(self) -> None:
+        self._layout: tuple | None = None
+        self._entry: CachedLayout | None = None
+
+    def get(self, layout: tuple) -> CachedLayout | None:
+        return self._entry if layout == self._layout else None
+
+    def put(self, received: FlatBuckets) -> CachedLayout:
+        """Remember ``received`` (a keyed layout) unless it is the one held; returns its entry."""
+        if received.layout is None:
+            raise ValueError("only payloads whose buckets are all keyed can be cached")
+        if received.layout != self._layout or self._entry is None:
+            self._layout, self._entry = received.layout, CachedLayout(received.tensors, received.keyed)
+        return self._entry
+
+    @property
+    def owner(self) -> str | None:
+        """The sender whose layout is held."""
+        return None if self._layout is None else self._layout[0]
+
+    def clear(self) -> None:
+        self._layout = self._entry = None
 
 
 def deserialize_named_tensors(payload: str | bytes, fmt: str | None) -> dict[str, torch.Tensor]:

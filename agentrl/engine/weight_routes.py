@@ -67,6 +67,40 @@ def add_weight_routes(app: APIRouter, engine: Engine, *, read_json, error) -> No
             return _fail(error, f"Failed to update weights from disk: {exc}. Rolled back to the old weights.")
         return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
+    from agentrl.engine.weight_loading import FlatLayoutCache
+
+    flat_cache = FlatLayoutCache()  # the kept CUDA layout's views and checked copy plan (one sender's)
+
+    def apply_flat(payload: str, body: dict[str, Any]) -> dict[str, float]:
+        """A ``flat_buckets`` update, in one worker hop; the engine's timings (see the route)."""
+        from agentrl.engine.weight_loading import CopyPlan, deserialize_flat_buckets
+
+        start = time.perf_counter()
+        received = deserialize_flat_buckets(payload, flat_cache)
+        timings = {"ipc_open_s": time.perf_counter() - start}
+        if received.tensors:
+            checking = time.perf_counter()
+            model = getattr(engine.runner, "model", None)
+            cached = flat_cache.get(received.layout) if received.layout is not None else None
+            plan = cached.plan if cached is not None and cached.model is model else None
+            if plan is None or not plan.still_fits():
+                engine.check_weights(received.tensors, require_all=False)
+                targets = model.state_dict(keep_vars=True) if model is not None else engine.runner.named_tensors()
+                plan = CopyPlan(targets, received.tensors)
+            timings["check_s"] = time.perf_counter() - checking
+            timings |= engine.apply_copy(plan, weight_version=body.get("weight_version"),
+                                         flush_cache=body.get("flush_cache", True), method="tensor")
+            kept = received.layout is not None and all(t.device.type == "cuda" for t in received.keyed.values())
+            if kept and model is not None:  # only CUDA buckets stay mapped (keep_buffers), so only they are cached
+                entry = flat_cache.put(received)
+                entry.plan, entry.model = plan, model
+        elif body.get("weight_version") is not None:  # an empty flat payload may still set the version
+            engine.set_weight_version(body["weight_version"])
+        engine.keep_buffers(received.owner, received.keyed, drop=received.drop_kept)
+        if flat_cache.owner is not None and flat_cache.owner not in engine.kept_buffers:
+            flat_cache.clear()  # the engine let go of that sender's buffers: so does the cache
+        return timings
+
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(request: Request):
         body = await read_json(request)
@@ -77,22 +111,15 @@ def add_weight_routes(app: APIRouter, engine: Engine, *, read_json, error) -> No
             raise BadRequest(f"the embedded engine has one TP rank; got {len(payloads)} payloads")
         fmt = body.get("load_format")
         prepare(body)
-        from agentrl.engine.weight_loading import (
-            FLAT_BUCKETS,
-            deserialize_flat_buckets,
-            deserialize_named_tensors,
-        )
+        from agentrl.engine.weight_loading import FLAT_BUCKETS, deserialize_named_tensors
 
         try:
-            start = time.perf_counter()
             if fmt == FLAT_BUCKETS:
-                received = await asyncio.to_thread(deserialize_flat_buckets, payloads[0])
-                tensors = received.tensors
+                timings = await asyncio.to_thread(apply_flat, payloads[0], body)
             else:
-                received, tensors = None, await asyncio.to_thread(deserialize_named_tensors, payloads[0], fmt)
-            opened = time.perf_counter() - start
-            timings = {"ipc_open_s": opened}
-            if tensors or received is None:
+                start = time.perf_counter()
+                tensors = await asyncio.to_thread(deserialize_named_tensors, payloads[0], fmt)
+                timings = {"ipc_open_s": time.perf_counter() - start}
                 timings |= await asyncio.to_thread(
                     engine.apply_weights,
                     tensors,
@@ -100,16 +127,14 @@ def add_weight_routes(app: APIRouter, engine: Engine, *, read_json, error) -> No
                     flush_cache=body.get("flush_cache", True),
                     method="tensor",
                 )
-            elif body.get("weight_version") is not None:  # an empty flat payload may still set the version
-                await asyncio.to_thread(engine.set_weight_version, body["weight_version"])
-            if received is not None:
-                engine.keep_buffers(received.owner, received.keyed, drop=received.drop_kept)
         except (WeightUpdateError, ValueError) as exc:
             return _fail(error, f"Failed to update weights from tensor: {exc}")
         # ``timings`` (seconds; agentrl's addition to SGLang's answer): unpickling and opening the handles,
         # checking, waiting for the worker, copying in (until on the device) and setting the version.
+        # ``weight_version`` (also agentrl's): the version held once this update is in, so a sender need
+        # not ask ``/server_info`` again.
         return {"success": True, "message": "Succeeded to update model weights.",
-                "timings": {k: round(v, 6) for k, v in timings.items()}}
+                "timings": {k: round(v, 6) for k, v in timings.items()}, "weight_version": engine.weight_version}
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(request: Request):

@@ -102,6 +102,12 @@ class EngineClient:
         targets = list(urls if urls is not None else self.urls)
         if self._fans_out(targets, body):
             return self.fanout(path, body)  # type: ignore[arg-type]
+        if len(targets) == 1:  # one engine: call from this thread (a pool hop costs more than it overlaps)
+            url = targets[0]
+            try:
+                return [CallResult(url, value=self.call(url, path, body(0, url) if callable(body) else body))]
+            except EngineCallError as exc:
+                return [CallResult(url, error=exc)]
         futures = [
             self.submit(url, path, body(i, url) if callable(body) else body) for i, url in enumerate(targets)
         ]

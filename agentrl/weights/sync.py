@@ -118,7 +118,8 @@ class WeightSync:
         start = time.perf_counter()
         report = self._push(tensors, weight_version)
         checking = time.perf_counter()
-        self.check_versions(weight_version)
+        # engines that answered the update with the version they now hold need not be asked again
+        self.check_versions(weight_version, reported=report.details.get("engine_versions"))
         report.seconds = time.perf_counter() - start
         report.details["check_versions_s"] = round(report.seconds - (checking - start), 6)
         report.mode = self.mode
@@ -140,11 +141,20 @@ class WeightSync:
         return SyncReport(self.mode, weight_version, sent.bytes_sent, full_bytes(tensors), 0.0,
                           engines=sent.engines, details=dict(sent.details))
 
-    def check_versions(self, weight_version: str, urls: Sequence[str] | None = None) -> None:
-        try:
-            versions = self.engines.weight_versions(urls)
-        except EngineCallError as exc:
-            raise WeightSyncError(f"could not read engine weight versions: {exc}") from exc
+    def check_versions(self, weight_version: str, urls: Sequence[str] | None = None,
+                       reported: dict[str, str] | None = None) -> None:
+        """Raise unless every engine at ``urls`` (default: all) holds ``weight_version``. ``reported``: versions
+        the engines gave in their answers to the update (read after it applied); only the engines missing
+        from it are asked (``/server_info``)."""
+        targets = self.engine_urls if urls is None else list(urls)
+        reported = reported if isinstance(reported, dict) else {}
+        versions = {u: str(reported[u]) for u in targets if reported.get(u) is not None}
+        missing = [u for u in targets if u not in versions]
+        if missing:
+            try:
+                versions.update(self.engines.weight_versions(missing))
+            except EngineCallError as exc:
+                raise WeightSyncError(f"could not read engine weight versions: {exc}") from exc
         wrong = {u: v for u, v in versions.items() if v != weight_version}
         if wrong:
             raise WeightSyncError(f"engines report other weight versions than {weight_version!r}: {wrong}")

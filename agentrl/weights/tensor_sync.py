@@ -16,9 +16,11 @@ Handles (``handles=``; the ``tensor`` mode's ``transport=``):
 
 Layout (``flat=``): with ``None`` (the default) every engine whose ``/server_info`` names it
 ``agentrl-embedded`` gets whole buckets (``load_format: "flat_buckets"``, :mod:`agentrl.engine.weight_loading`):
-one handle per bucket instead of one per tensor, and for ``cuda_ipc`` every bucket in ONE request whose
-handles the engine keeps open across syncs (the staging buffers persist), so a sync is one staging copy,
-one request and one fused copy on the engine. Other engines (SGLang) get SGLang's per-tensor list;
+one handle per bucket instead of one per tensor, and for ``cuda_ipc`` one bucket per dtype, all in ONE
+request whose handles the engine keeps open across syncs (the staging buffers persist), so a sync is one
+staging copy (fused, into views kept from the last sync of the same tensors), one request and one fused
+copy on the engine (whose views and checks are kept too). The engines' answers say which version they
+now hold, so the sync's version check asks no engine again. Other engines (SGLang) get SGLang's per-tensor list;
 ``flat=True`` / ``False`` forces either.
 
 The version is set with the last request only, so engines report the new version only once they hold
@@ -110,6 +112,7 @@ class TensorTransport(Transport):
         self.flat = flat
         self._takes_flat: dict[str, bool] = {}  # engine URL -> whether it took flat buckets (asked once)
         self._kept_by: set[str] = set()  # engines holding our CUDA buckets open (dropped on close)
+        self._staged: tuple[list, list[Bucket], list[torch.Tensor]] | None = None  # see _stage
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
         staging_device = device or ("cuda" if handles == "cuda_ipc" else "cpu")
         # CPU shared-memory segments are made fresh per sync: with torch's file_system sharing, a reused
@@ -134,10 +137,10 @@ class TensorTransport(Transport):
 
     def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         fmt = "safetensors" if self.handles == "safetensors" else None
-        allocate = None if fmt == "safetensors" else self.staging.allocate
         timings = {"stage_s": 0.0, "export_s": 0.0, "request_s": 0.0}
+        flat = self.takes_flat(urls)
         start = time.perf_counter()
-        buckets = list(make_buckets(tensors, bucket_bytes=self.bucket_bytes, allocate=allocate))
+        buckets = self._stage(tensors, fmt, one_per_dtype=flat and self.handles == "cuda_ipc")
         on_cuda = sorted({b.flat.device for b in buckets if b.flat.device.type == "cuda"}, key=str)
         if on_cuda:
             import torch
@@ -145,7 +148,6 @@ class TensorTransport(Transport):
             for device in on_cuda:
                 torch.cuda.synchronize(device)  # copies must land before the engine reads
         timings["stage_s"] = time.perf_counter() - start
-        flat = self.takes_flat(urls)
         # cuda_ipc: all buckets in one request (persistent staging, handles kept open); shm and safetensors:
         # a request per bucket, so only one bucket's segment or body exists at a time.
         groups = [buckets] if flat and self.handles == "cuda_ipc" and buckets else [[b] for b in buckets]
@@ -162,15 +164,44 @@ class TensorTransport(Transport):
                 raise WeightSyncError(f"tensor sync of {weight_version!r}, request {i} of {len(groups)}: {exc}") from exc
             timings["request_s"] += time.perf_counter() - requested
             _add_engine_timings(timings, results)
+            if last:  # the version each engine holds after the last request (agentrl's engines say)
+                versions = {r.url: r.value.get("weight_version") for r in results if isinstance(r.value, dict)}
             sent += sum(b.nbytes for b in group) if fmt is None else len(body["serialized_named_tensors"][0])
             if flat and on_cuda:
                 self._kept_by.update(urls)
         if not buckets:
+            versions = {}
             self.engines.call_all("/update_weight_version", {"new_version": weight_version}, urls=urls)
         details = {"handles": self.handles, "buckets": len(buckets), "requests": len(groups),
                    "layout": "flat_buckets" if flat else "per_tensor", "staging_bytes": self.staging.nbytes,
-                   "timings": {k: round(v, 6) for k, v in timings.items()}}
+                   "timings": {k: round(v, 6) for k, v in timings.items()},
+                   "engine_versions": {u: str(v) for u, v in versions.items() if isinstance(v, str)}}
         return Sent(sent, list(urls), details)
+
+    def _stage(self, tensors: list[tuple[str, torch.Tensor]], fmt: str | None, *, one_per_dtype: bool) -> list[Bucket]:
+        """The buckets of this sync, filled. Persistent CUDA staging of the same tensors as last time
+        (names, shapes, dtypes, devices) reuses the buckets and their per-tensor views: one fused copy,
+        no per-tensor Python. ``one_per_dtype``: every dtype in one bucket (persistent buffers sent all
+        at once: ``bucket_bytes`` bounds nothing there, and fewer buckets mean fewer handles)."""
+        import torch
+
+        if fmt == "safetensors":
+            return list(make_buckets(tensors, bucket_bytes=self.bucket_bytes))
+        signature = [(name, t.shape, t.dtype, t.device) for name, t in tensors] if self.staging.persistent else None
+        if signature is not None and self._staged is not None and self._staged[0] == signature:
+            _, buckets, views = self._staged
+            with torch.no_grad():
+                torch._foreach_copy_(views, [t for _, t in tensors])
+            return buckets
+        limit = max(self.bucket_bytes, sum(t.numel() * t.element_size() for _, t in tensors)) if one_per_dtype \
+            else self.bucket_bytes
+        buckets = list(make_buckets(tensors, bucket_bytes=limit, allocate=self.staging.allocate))
+        devices = {t.device for _, t in tensors}
+        if signature is not None and devices == {b.flat.device for b in buckets} and len(devices) == 1:
+            views = [b.flat[e.offset : e.offset + e.numel].view(e.shape) for b in buckets for e in b.entries]
+            by_name = dict(zip((e.name for b in buckets for e in b.entries), views, strict=True))
+            self._staged = (signature, buckets, [by_name[name] for name, _ in tensors])  # in the tensors' order
+        return buckets
 
     def _body(self, group: list[Bucket], weight_version: str | None, fmt: str | None, *, flat: bool,
               flush: bool) -> dict[str, Any]:
@@ -193,6 +224,7 @@ class TensorTransport(Transport):
             body = flat_buckets_body([], owner=self.owner, flush_cache=False, drop_kept=True)
             self.engines.call_all("/update_weights_from_tensor", body, urls=sorted(self._kept_by))
             self._kept_by.clear()
+        self._staged = None
         self.staging.clear()
 
 

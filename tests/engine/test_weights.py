@@ -395,3 +395,51 @@ def test_only_the_latest_senders_cuda_buffers_are_held():
     assert list(state.kept_buffers) == ["b"]
     keep("b", {}, drop=True)
     assert state.kept_buffers == {}
+
+
+def test_a_repeat_of_the_cached_layout_reuses_its_views_and_another_layout_does_not(params_b):
+    """Same owner, keys, memory and entries: the checked views of last time; anything else is parsed anew."""
+    import base64
+
+    from agentrl.engine.weight_loading import FlatLayoutCache, deserialize_flat_buckets, flat_buckets_body
+
+    flat = torch.cat([t.reshape(-1) for t in params_b.values()])
+    entries, offset = [], 0
+    for name, t in params_b.items():
+        entries.append((name, tuple(t.shape), offset, t.numel()))
+        offset += t.numel()
+
+    def payload(entries, owner="o", key="k0"):
+        return flat_buckets_body([(key, flat, entries)], owner=owner)["serialized_named_tensors"][0]
+
+    cache = FlatLayoutCache()
+    first = deserialize_flat_buckets(payload(entries), cache)
+    assert cache.get(first.layout) is None  # nothing is cached until the caller puts it (after checking)
+    cache.put(first)
+    assert cache.owner == "o"
+    again = deserialize_flat_buckets(payload(entries), cache)
+    assert again.tensors is first.tensors and again.layout == first.layout
+    for other in (payload(entries[:-1]), payload(entries, owner="p"), payload(entries, key="k1")):
+        fresh = deserialize_flat_buckets(other, cache)
+        assert fresh.tensors is not first.tensors
+    unkeyed = flat_buckets_body([(None, flat, entries)], owner="o")["serialized_named_tensors"][0]
+    assert deserialize_flat_buckets(base64.b64decode(unkeyed), cache).layout is None  # fresh memory: never cached
+    cache.clear()
+    assert deserialize_flat_buckets(payload(entries), cache).tensors is not first.tensors
+
+
+def test_copy_plan_writes_the_live_parameters_bitwise_even_after_their_data_is_swapped():
+    from agentrl.engine.weight_loading import CopyPlan
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    sources = {"weight": torch.randn(3, 4), "bias": torch.randn(3, dtype=torch.float64)}  # bias: another dtype
+    plan = CopyPlan(model.state_dict(keep_vars=True), sources)
+    plan()
+    assert torch.equal(model.weight, sources["weight"]) and torch.equal(model.bias, sources["bias"].float())
+    model.weight.data = torch.empty(0)  # what releasing memory does
+    assert not plan.still_fits()
+    model.weight.data = torch.zeros(3, 4)  # and resuming it
+    assert plan.still_fits()
+    plan()
+    assert torch.equal(model.weight, sources["weight"])  # the new storage was written, not the old one

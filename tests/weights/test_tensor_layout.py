@@ -70,3 +70,66 @@ def test_safetensors_handles_never_use_flat_buckets():
     sent = TensorTransport(fake, handles="safetensors").send_full(tensors(), "v1", ["http://a"])
     assert sent.details["layout"] == "per_tensor"
     assert not any(path == "/server_info" for path, _, _ in fake.calls)
+
+
+class VersionEngines(FakeEngines):
+    """An engine that answers updates with the version it then holds (``says``: what it claims)."""
+
+    def __init__(self, engine: str, says) -> None:
+        super().__init__(engine)
+        self.says = says
+        self.urls = ["http://a"]
+
+    def weight_versions(self, urls=None):
+        return {r.url: r.value["weight_version"] for r in self.call_all("/server_info", urls=urls)}
+
+    def call_all(self, path, body=None, *, urls=None):
+        results = super().call_all(path, body, urls=urls)
+        if path == "/update_weights_from_tensor" and self.says is not None:
+            for r in results:
+                r.value["weight_version"] = self.says(body)
+        return results
+
+
+@pytest.mark.parametrize(("says", "asks_again", "ok"), [
+    (lambda body: body["weight_version"] or "old", False, True),  # our engine: its answer is the check
+    (None, True, False),  # an engine that does not say (SGLang): asked through /server_info ("x" there)
+    (lambda body: "someone-else", False, False),  # another update got in after ours: refused
+])
+def test_the_update_answers_version_replaces_the_second_round_trip(says, asks_again, ok):
+    from agentrl.weights.sync import WeightSyncError
+    from agentrl.weights.tensor_sync import TensorSync
+
+    sync = TensorSync(["http://a"], transport="shm")
+    fake, real = VersionEngines("agentrl-embedded", says), sync.engines
+    sync.engines, sync.via.engines = fake, fake
+    try:
+        if ok:
+            assert sync.sync(tensors(), "v1").weight_version == "v1"
+        else:
+            with pytest.raises(WeightSyncError, match="other weight versions"):
+                sync.sync(tensors(), "v1")
+    finally:
+        sync.via.close()
+        real.close()
+    infos = [path for path, _, _ in fake.calls if path == "/server_info"]
+    assert len(infos) == 1 + asks_again  # the layout question once; the version question only if unanswered
+
+
+def test_persistent_staging_reuses_its_buckets_for_the_same_tensors():
+    """A repeat sync of the same names/shapes copies into the same buckets (no re-planning); new bits
+    arrive, and a changed layout builds new buckets."""
+    fake = FakeEngines("agentrl-embedded")
+    transport = TensorTransport(fake, handles="shm", flat=True, bucket_bytes=1024)
+    transport.staging.persistent = True  # as for cuda_ipc, on CPU memory (this test has no GPU)
+    first = tensors()
+    buckets = transport._stage(first, None, one_per_dtype=True)
+    assert len(buckets) == 2  # float32 and int64, whatever bucket_bytes says
+    second = [(n, t + 1) for n, t in first]
+    again = transport._stage(second, None, one_per_dtype=True)
+    assert [b.flat.data_ptr() for b in again] == [b.flat.data_ptr() for b in buckets]
+    received = dict(pair for b in again for pair in b.named_tensors())
+    assert all(torch.equal(received[n], t) for n, t in second)
+    grown = [*second, ("extra", torch.ones(3))]
+    rebuilt = transport._stage(grown, None, one_per_dtype=True)
+    assert {e.name for b in rebuilt for e in b.entries} == {n for n, _ in grown}
