@@ -181,7 +181,8 @@ def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
             return StreamingResponse(stream(seqs[0], events[0], req.return_logprob), media_type="text/event-stream")
         await wait_finished(seqs, events, request)
         results = [result(s, req.return_logprob) for s in seqs]
-        return results if (req.batched or len(results) > 1) else results[0]
+        # Already JSON types: a JSONResponse skips FastAPI's jsonable_encoder walk (~0.1-0.2 ms per answer).
+        return JSONResponse(results if (req.batched or len(results) > 1) else results[0])
 
     async def stream(seq: Sequence, event: asyncio.Event, return_logprob: bool):
         sent = 0

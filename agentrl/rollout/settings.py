@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.rollout.remote_reward import RemoteRewardSettings
 from agentrl.settings import FunctionPath, Settings
+
+
+# The embedded engine's default --max-batch-size. Fewer episodes in flight than the engines batch leave rows
+# idle: the main job (2 engines, 128 episodes a step) at 64 in flight spent 15-25% more engine CPU per rollout
+# and per 200-task evaluation than at 128 (benchmarks/results/main_job_step_profile.md).
+EPISODES_PER_ENGINE = 64
 
 
 class RolloutSettings(Settings):
@@ -25,7 +31,8 @@ class RolloutSettings(Settings):
     samples_per_prompt: int = Field(8, ge=1, description="episodes per task (the GRPO group size)")
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature; the trainer's log-probs use it too")
     max_new_tokens: int = Field(48, ge=1, description="cap on generated tokens per turn")
-    concurrency: int = Field(64, ge=1, description="episodes in flight at once")
+    concurrency: int | None = Field(None, ge=1, description="episodes in flight at once; null: "
+                                    f"{EPISODES_PER_ENGINE} per engine (what an embedded engine batches)")
     reward_weights: dict[str, float] = Field(default_factory=dict,
                                              description="weights of named reward components (unlisted: 1)")
     remote_reward: RemoteRewardSettings | None = Field(None, description="an HTTP endpoint scoring each episode")
@@ -39,6 +46,13 @@ class RolloutSettings(Settings):
     prompt_mode: Literal["rerender", "append"] | None = Field(
         None, description="rerender the whole chat each turn, or append the new messages to the held tokens (whole multi-turn "
                           "samples when the template re-renders history differently; see docs/trajectory.md); null: the environment's")
+
+    @model_validator(mode="after")
+    def _default_concurrency(self) -> RolloutSettings:
+        if self.concurrency is None:
+            engines = len(self.engine_urls) if self.engine_urls else self.num_engines
+            self.concurrency = EPISODES_PER_ENGINE * engines
+        return self
 
     @field_validator("tool_format")
     @classmethod

@@ -36,10 +36,16 @@ class TrainerRank:
 
     def __init__(self, model_dir: str, trainer_config: dict[str, Any], temperature: float, rank: int,
                  world_size: int, master_port: int, master_addr: str = "127.0.0.1",
-                 gpu_ids: list[int] | None = None) -> None:
+                 gpu_ids: list[int] | None = None, cpu_threads: int | None = None) -> None:
         """``master_addr``: rank 0's node (its IP on a cluster). ``gpu_ids``: the GPUs Ray assigned this
-        rank (``[]``: none, so CUDA is hidden); a rank given GPUs where CUDA is absent refuses to start."""
+        rank (``[]``: none, so CUDA is hidden); a rank given GPUs where CUDA is absent refuses to start.
+        ``cpu_threads``: torch's intra-op threads for this rank (None: what Ray's CPU share sets, 1)."""
         from agentrl.run.placement import here, require_cuda, visible_devices
+
+        if cpu_threads is not None:
+            import torch
+
+            torch.set_num_threads(cpu_threads)
 
         self.where_ = {**here(), "rank": rank, "master_addr": master_addr}
         if gpu_ids is not None:  # before torch initialises CUDA: a 0-GPU Ray actor would otherwise see all
@@ -48,9 +54,12 @@ class TrainerRank:
             require_cuda(f"trainer rank {rank}", gpu_ids, self.where_["node_id"])
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if gpu_ids else str(rank),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        import torch
+
         from agentrl.trainer.actor import MegatronTrainer
         from agentrl.trainer.trainer_config import TrainerConfig
 
+        self.where_["cpu_threads"] = torch.get_num_threads()
         self.rank = rank
         self.model_dir = model_dir
         self.trainer = MegatronTrainer(model_dir, TrainerConfig.model_validate(trainer_config),
@@ -285,10 +294,11 @@ def remote(cls: type, **options: Any) -> Any:
 
 
 def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], temperature: float, n_ranks: int,
-                        use_gpu: bool = False, *, plan: Any = None) -> list[Any]:
+                        use_gpu: bool = False, *, plan: Any = None, cpu_threads: int | None = None) -> list[Any]:
     """One :class:`TrainerRank` actor per rank. With ``plan`` (:class:`agentrl.run.placement.Plan`) rank
     ``r`` goes to ``plan.trainers[r]``, sees exactly its GPUs, and rendezvous at rank 0's node; without it
-    the ranks are packed in a new placement group (1 CPU or GPU per bundle) on this machine."""
+    the ranks are packed in a new placement group (1 CPU or GPU per bundle) on this machine.
+    ``cpu_threads``: each rank's torch threads (see :func:`training_cpu_threads`)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -299,7 +309,8 @@ def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], t
         port = plan.master_port()
         actor_cls = remote(TrainerRank, num_cpus=1)  # each slot's own resources replace these
         return [actor_cls.options(**slot.scheduling()).remote(
-                    str(model_dir), trainer_config, temperature, r, n_ranks, port, plan.master_addr, slot.gpu_ids)
+                    str(model_dir), trainer_config, temperature, r, n_ranks, port, plan.master_addr, slot.gpu_ids,
+                    cpu_threads)
                 for r, slot in enumerate(plan.trainers)]
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     group = placement_group([bundle] * n_ranks, strategy="PACK")
@@ -308,6 +319,20 @@ def start_trainer_group(model_dir: str | Path, trainer_config: dict[str, Any], t
     actor_cls = remote(TrainerRank, num_cpus=1, num_gpus=1 if use_gpu else 0)
     return [
         actor_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)).remote(
-            str(model_dir), trainer_config, temperature, r, n_ranks, port)
+            str(model_dir), trainer_config, temperature, r, n_ranks, port, cpu_threads=cpu_threads)
         for r in range(n_ranks)
     ]
+
+
+def training_cpu_threads(loop: str, trainer_ranks: int, gpus_per_rank: int, cluster: str,
+                         cpus: int | None = None) -> int | None:
+    """Torch threads per CPU trainer rank: in the ``sync`` loop on a local cluster the engines wait while the
+    ranks train, so the ranks share this machine's cores (``cpus``, default: those this process may use);
+    otherwise None (Ray's share, one thread), as the engines generate while the ranks train.
+
+    Measured on the main job's trainer step (2 cores, nothing else running): 1.37 s with one thread,
+    1.00 s with two (benchmarks/results/main_job_step_profile.md)."""
+    if loop != "sync" or gpus_per_rank > 0 or cluster != "local":
+        return None
+    total = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    return max(1, total // max(1, trainer_ranks))

@@ -70,7 +70,7 @@ class Run:
     def __enter__(self) -> Run:
         import ray
 
-        from agentrl.run.actors import RolloutWorker, remote, start_trainer_group
+        from agentrl.run.actors import RolloutWorker, remote, start_trainer_group, training_cpu_threads
         from agentrl.run.models import base_model_dir, warm_model_dir
 
         cfg = self.cfg
@@ -100,8 +100,9 @@ class Run:
             placement.check_sync_support(cfg.sync_mode, cfg.sync_options, ray.get(self.rollout.engine_kinds.remote()))
             model_dir = warm_model_dir(cfg, base, self.rollout, self.tasks, self.heldout,
                                        None if self.resume else self.log)
+            threads = training_cpu_threads(cfg.loop, cfg.trainer_ranks, cfg.ray.gpus_per_rank, self.plan.cluster)
             self.trainers = start_trainer_group(model_dir, cfg.trainer.model_dump(), cfg.rollout.temperature,
-                                                cfg.trainer_ranks, plan=self.plan)
+                                                cfg.trainer_ranks, plan=self.plan, cpu_threads=threads)
             ranks = ray.get([t.where.remote() for t in self.trainers])
             self.placement = placement.placement_record(cluster, engines, ranks)
             print(f"agentrl train: placement: {placement.describe(self.placement)}", flush=True)
