@@ -118,7 +118,7 @@ def warmup_question_ids(share: float) -> frozenset[str]:
 
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
                    seed: int = 0, holdout: str = "country", warmup_share: float | None = None,
-                   ) -> list[dict[str, Any]]:
+                   warmup_kinds: tuple[str, ...] | list[str] | None = None) -> list[dict[str, Any]]:
     """Questions of ``kinds`` from ``split`` (``"train"``, ``"warmup"`` or ``"heldout"``).
 
     ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
@@ -129,6 +129,9 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     ``"warmup"`` split (the supervised warm-up's chats) and the rest is ``"train"`` (GRPO's), so GRPO
     works on questions the warm-up never showed: the model cannot recall their answers, only find them
     with its searches, as on held-out questions. None: ``"warmup"`` is the same pool as ``"train"``.
+    ``warmup_kinds`` (with ``warmup_share``): the ``"warmup"`` split's kinds instead of ``kinds``; a kind
+    only there gives the warm-up all its non-held-out questions (more names to copy in more places,
+    none of them a held-out or GRPO question).
 
     ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
     kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
@@ -145,6 +148,15 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     if warmup_share is not None and (holdout != "question" or not 0 < warmup_share < 1):
         raise ValueError(f"warmup_share needs holdout='question' and 0 < share < 1, got {warmup_share!r} "
                          f"with holdout={holdout!r}")
+    if warmup_kinds is not None:
+        if warmup_share is None:
+            raise ValueError("warmup_kinds needs warmup_share")
+        unknown = set(warmup_kinds) - set(KINDS)
+        if unknown or not warmup_kinds:
+            raise ValueError(f"unknown warm-up question kinds {sorted(unknown)}; known: {KINDS}")
+    grpo_kinds = kinds
+    if split == "warmup" and warmup_kinds is not None:
+        kinds = tuple(warmup_kinds)
     rng = random.Random(seed)
     if warmup_share is None and split == "warmup":
         split = "train"
@@ -153,7 +165,8 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     else:
         held = held_out_question_ids()
         warm = warmup_question_ids(warmup_share) if warmup_share is not None else frozenset()
-        pool = [{**q, "split": "heldout" if q["id"] in held else "warmup" if q["id"] in warm else "train"}
+        pool = [{**q, "split": "heldout" if q["id"] in held else
+                 "warmup" if q["id"] in warm or (warmup_share is not None and q["kind"] not in grpo_kinds) else "train"}
                 for q in all_questions() if q["kind"] in kinds]
         pool = [q for q in pool if q["split"] == split]
     if n is None:

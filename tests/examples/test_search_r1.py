@@ -17,7 +17,8 @@ from agentrl.envs.scripted import ScriptedPolicy  # noqa: E402
 from agentrl.trajectory import verify_session  # noqa: E402
 from examples.search_r1.corpus import build_corpus, countries, documents_of  # noqa: E402
 from examples.search_r1.env import SearchR1Env, clip, default_index, expert_messages, expert_replies  # noqa: E402
-from examples.search_r1.questions import HOPS, KINDS, all_questions, held_out_countries, make_questions  # noqa: E402
+from examples.search_r1.questions import (  # noqa: E402
+    HOPS, KINDS, all_questions, held_out_countries, held_out_question_ids, make_questions)
 from examples.search_r1.reward import exact_match, extract_answer, f1, normalize_answer, score  # noqa: E402
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
@@ -115,14 +116,20 @@ def test_the_warmup_share_keeps_warmup_grpo_and_heldout_questions_apart():
     from agentrl.run.data import FunctionTasks
 
     kwargs = yaml.safe_load(CONFIG.read_text())["task_kwargs"]
-    assert kwargs["holdout"] == "question" and kwargs["warmup_share"] == 0.5  # the config's split is this one
+    assert kwargs["holdout"] == "question" and kwargs["warmup_share"] == 0.75  # the config's split is this one
     pools = {split: {q["id"] for q in make_questions(split=split, **kwargs)} for split in ("train", "warmup", "heldout")}
     assert pools["train"].isdisjoint(pools["warmup"]) and pools["heldout"].isdisjoint(pools["train"] | pools["warmup"])
-    for kind in kwargs["kinds"]:  # half of each kind's non-held-out questions (rounded)
+    assert pools["warmup"].isdisjoint(held_out_question_ids())  # nor a held-out question of a warm-up-only kind
+    for kind in kwargs["kinds"]:  # 3/4 of each GRPO kind's non-held-out questions (rounded)
         n = {s: sum(i.startswith(f"{kind}:") for i in ids) for s, ids in pools.items()}
-        assert abs(n["train"] - n["warmup"]) <= 1
+        assert abs(n["warmup"] - 3 * n["train"]) <= 4
+    only_warmup = set(kwargs["warmup_kinds"]) - set(kwargs["kinds"])
+    assert only_warmup and {i.split(":")[0] for i in pools["heldout"] | pools["train"]} == set(kwargs["kinds"])
+    for kind in only_warmup:  # every non-held-out question of a warm-up-only kind
+        assert sum(i.startswith(f"{kind}:") for i in pools["warmup"]) == sum(
+            q["kind"] == kind for q in make_questions(split="train", holdout="question"))
     tasks = FunctionTasks(make_questions, seed=0, task_kwargs=kwargs)
-    assert {q["id"] for q in tasks.warmup(500, seed=1)} == pools["warmup"]  # 500 > pool: all of it
+    assert {q["id"] for q in tasks.warmup(1300, seed=1)} == pools["warmup"]  # 4 x 325 > each kind: all of it
     assert {q["id"] for step in range(1, 6) for q in tasks.train(64, step)} <= pools["train"]
     assert {q["id"] for q in tasks.heldout(100)} <= pools["heldout"]
     # Without warmup_share the warm-up trains on GRPO's questions (the first run's split).
@@ -132,6 +139,8 @@ def test_the_warmup_share_keeps_warmup_grpo_and_heldout_questions_apart():
         make_questions(holdout="country", warmup_share=0.5)
     with pytest.raises(ValueError, match="warmup_share"):
         make_questions(holdout="question", warmup_share=1.0)
+    with pytest.raises(ValueError, match="warmup_kinds needs"):
+        make_questions(holdout="question", warmup_kinds=["capital"])
 
 
 def test_every_expert_query_finds_its_evidence_first():
