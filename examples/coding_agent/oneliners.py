@@ -25,9 +25,11 @@ HELD_OUT_PERCENT = 15
 HIDDEN_CASES = 5
 LEVELS = (1, 2)
 
-LIST_NAMES = ("xs", "ys", "nums", "vals", "items")
-STR_NAMES = ("s", "t", "word", "text")
-INT_NAMES = ("a", "b", "x", "y", "n", "m")
+# Many names per kind, so that no (operation, name, constant) combination recurs often enough to be
+# recalled: the model has to copy names and constants from the docstring (v and f are taken).
+LIST_NAMES = ("xs", "ys", "zs", "nums", "vals", "items", "data", "arr", "seq", "lst", "values", "numbers")
+STR_NAMES = ("s", "t", "word", "text", "name", "line", "key", "msg")
+INT_NAMES = ("a", "b", "c", "d", "m", "n", "p", "q", "r", "u", "w", "x", "y", "z")
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,19 @@ def make_tasks(n: int, *, seed: int = 0, split: str = "train", level: int = 1) -
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     rng = random.Random(f"{split}-{seed}-{level}")
     out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    misses = 0
     while len(out) < n:
         task_seed = rng.randrange(2**31)
         task = make_task(task_seed, level)
-        if split_of(task["spec"]) == split:
-            out.append(task)
+        if split_of(task["spec"]) != split:
+            continue
+        key = spec_key(task["spec"])
+        # Held-out tasks are distinct specs while fresh ones are still found, so that n tasks measure n
+        # items, not a few frequent specs many times over.
+        if split == "heldout" and key in seen and misses < 10_000:
+            misses += 1
+            continue
+        seen.add(key)
+        out.append(task)
     return out

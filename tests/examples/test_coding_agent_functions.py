@@ -134,6 +134,16 @@ def test_tasks_are_seeded_disjoint_and_hide_their_tests():
         make_tasks(1, family="leetcode")
 
 
+def test_heldout_tasks_are_distinct_specs_while_fresh_ones_remain():
+    """64 held-out tasks are 64 different specs (the eval measures 64 items), spread over the operations."""
+    for level in oneliners.LEVELS:
+        held = make_tasks(64, seed=0, split="heldout", level=level)
+        assert len({oneliners.spec_key(t["spec"]) for t in held}) == 64
+        assert len({t["spec"]["ops"][0] for t in held}) >= 12
+    tiny = make_tasks(3, seed=0, split="heldout")
+    assert tiny == make_tasks(3, seed=0, split="heldout") and len({oneliners.spec_key(t["spec"]) for t in tiny}) == 3
+
+
 def test_reference_bodies_pass_their_hidden_tests_and_examples():
     """Every operation's reference (run here on the host: it is our own template code) passes its
     visible example and all hidden tests, for many seeds of both levels."""
