@@ -144,6 +144,16 @@ def test_heldout_tasks_are_distinct_specs_while_fresh_ones_remain():
     assert tiny == make_tasks(3, seed=0, split="heldout") and len({oneliners.spec_key(t["spec"]) for t in tiny}) == 3
 
 
+def test_credit_rule_trains_only_above_average_episodes():
+    from agentrl.trainer.actor import _narrowed
+    from examples.coding_agent.credit import train_above_average_only
+
+    samples = [{"loss_mask": [0, 1, 1], "reward": r} for r in (1.0, 0.0, 0.5)]
+    out = _narrowed(samples, train_above_average_only(samples, [0.8, -0.8, 0.0]))  # the trainer's check
+    assert [s["loss_mask"] for s in out] == [[0, 1, 1], [0, 0, 0], [0, 0, 0]]
+    assert out[0] is samples[0] and samples[1]["loss_mask"] == [0, 1, 1]  # inputs untouched
+
+
 def test_reference_bodies_pass_their_hidden_tests_and_examples():
     """Every operation's reference (run here on the host: it is our own template code) passes its
     visible example and all hidden tests, for many seeds of both levels."""
