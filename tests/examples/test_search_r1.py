@@ -18,7 +18,13 @@ from agentrl.trajectory import verify_session  # noqa: E402
 from examples.search_r1.corpus import build_corpus, countries, documents_of  # noqa: E402
 from examples.search_r1.env import SearchR1Env, clip, default_index, expert_messages, expert_replies  # noqa: E402
 from examples.search_r1.questions import (  # noqa: E402
-    HOPS, KINDS, all_questions, held_out_countries, held_out_question_ids, make_questions)
+    HOPS,
+    KINDS,
+    all_questions,
+    held_out_countries,
+    held_out_question_ids,
+    make_questions,
+)
 from examples.search_r1.reward import exact_match, extract_answer, f1, normalize_answer, score  # noqa: E402
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
