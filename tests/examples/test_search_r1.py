@@ -284,3 +284,24 @@ def test_run_script_needs_a_policy():
 
     with pytest.raises(SystemExit):
         main(["--model", str(TOKENIZER_DIR)])
+
+
+def test_plot_summary_takes_the_first_eval_row_as_the_warm_model(tmp_path):
+    import json
+
+    from examples.search_r1.plot import main, read_steps, summary
+
+    rows = [{"warmup_step": 10, "eval_accuracy": 0.5},  # a warm-up row: not the warm model
+            {"step": 0, "eval_accuracy": 0.25}]
+    rows += [{"step": s, "rollout/reward_mean": s / 20, "rollout/tool_calls_mean": 1 + s / 10,
+              **({"eval_accuracy": 0.25 + s / 40} if s % 5 == 0 else {})} for s in range(1, 21)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = summary(read_steps(path))
+    assert got["warm_eval"] == 0.25 and got["final_eval"] == 0.75 and got["grpo_steps"] == 20
+    assert got["eval_curve"] == [(0, 0.25), (5, 0.375), (10, 0.5), (15, 0.625), (20, 0.75)]
+    assert got["search_calls_first_tenth"] == pytest.approx(1.15)  # steps 1-2; float sums, so approx
+    assert got["search_calls_last_tenth"] == pytest.approx(2.95)
+    assert main([str(path), str(tmp_path / "curve.png")]) == 0 and (tmp_path / "curve.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="eval_accuracy"):
+        summary([{"step": 1, "rollout/reward_mean": 0.0}])
