@@ -32,7 +32,18 @@ other work (load averages of 15-20 are usual there while helpers run tests): a p
 thread then gets a small share of a core, and the phase that ran under more load looked slower. The load
 was not recorded then. Now each phase records the load average at its start and end and TRL's own CPU
 seconds per step (``trl_cpu_s_per_step``: wall time far above CPU time means the machine, not TRL, set the
-pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed.
+pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed. Seen again
+on 2026-12-02 with other helpers' niced jobs keeping the load at 5-9: within one 1.5-minute agentrl run under
+the machine-wide timing lock (nice 0 against niced neighbours), identical 128-episode rollouts took 1.4-3.3 s
+(benchmarks/results/main_job_step_profile.md); the stored vs_trl.json run (load 8-11 through the agentrl phase,
+7-11 through TRL's) measured agentrl at 5.10 s/step (3.35 on the quiet rerun) and TRL with two threads at
+4.95. Under such load TRL's one compute-bound process keeps both cores busy (7.5 CPU-s per 4.95 s step),
+while agentrl's engines, rollout actor and trainer hand work to each other and used ~1.3 of the 2 cores.
+
+Threads: agentrl's CPU trainer rank of a ``sync`` run uses the machine's cores while it trains (the engines
+wait then; :func:`agentrl.run.actors.training_cpu_threads`), so TRL's single process (generation and
+training) gets as many torch threads by default (``--trl-threads``: this machine's cores, 2 here); its
+evaluation engines keep one thread each, as agentrl's.
 
     python3 benchmarks/vs_trl.py [--config examples/arithmetic/config.yaml] [--minutes M] [--cache-dir C]
                                  [--single-turn] [--eval-tasks N] [--work-dir D] [--results R.json]
@@ -169,10 +180,10 @@ class AgentrlEvaluator:
 
 def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: int = 1) -> dict[str, Any]:
     """TRL GRPO from ``model_dir`` for at most ``budget_s`` seconds (evaluations included; the final
-    evaluation may end past it); its curve and log. ``threads``: torch CPU threads of TRL and of the
-    evaluation engines (agentrl's engines and trainer run with OMP_NUM_THREADS=1, which Ray sets)."""
+    evaluation may end past it); its curve and log. ``threads``: torch CPU threads of TRL (the evaluation
+    engines set their own: one each of this machine's cores, as agentrl's engines)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the evaluation engines started below
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
@@ -328,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=".cache/agentrl", help="agentrl's model / warm-up cache")
     p.add_argument("--single-turn", action="store_true", help="ArithmeticEnv (submit only) on both sides")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default: the config's)")
-    p.add_argument("--trl-threads", type=int, default=1,
-                   help="torch threads for TRL (default 1, as Ray gives agentrl's engines and trainer)")
+    p.add_argument("--trl-threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads for TRL (default: this machine's cores, as agentrl's sync trainer uses)")
     p.add_argument("--work-dir", help="where both runs write (default: a temporary directory)")
     p.add_argument("--results", default=str(RESULTS), help="JSON to write (smoke runs: elsewhere)")
     args = p.parse_args(argv)
