@@ -80,6 +80,7 @@ class DeltaSync(WeightSync):
             new_version=weight_version,
             encoding=self.encoding,
             level=self.level,
+            diffs=self.snapshot.diffs(tensors),  # one fused pass when the snapshot is flat (all in budget)
         )
         results, sent = self.deliver(payload, {"weight_version": weight_version, "base_version": base})
         failed = [r for r in results if r.error is not None]
