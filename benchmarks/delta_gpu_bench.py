@@ -4,8 +4,11 @@ The model is a random-init Qwen2 shape in bf16 on ``--device``. ``--changed`` of
 one of two patterns: ``ulp`` (each changed element moves one bf16 ulp up or down: what a small optimizer
 step does to bf16 weights, whose fp32 master moved across a rounding boundary) or ``random`` (the changed
 elements get unrelated values: the worst case for compression). Reported per pattern: the diff
-(``changed_indices`` over every tensor, GB of weights compared per second, median of ``--repeats``; and
-``changed_indices_many``, the same positions with two syncs per group instead of one per tensor), the
+(``changed_indices`` over every tensor, GB of weights compared per second, median of ``--repeats``;
+``changed_indices_many``, the same positions with two syncs per group instead of one per tensor;
+``diff_many``, a changed mask and count per tensor with one sync per group; and ``fused``, what
+``DeltaSync`` does with a snapshot inside its budget: the new bits staged into the snapshot's flat
+layout with one fused copy, then one comparison per buffer, timed together), the
 ``auto`` payload (``encode_delta``) as a fraction of the full bf16 bytes and its encode seconds, and the
 engine-side ``apply_delta`` onto a copy of the old weights, checked bitwise against the new ones::
 
@@ -62,7 +65,7 @@ def run_pattern(args, old: dict, pattern: str) -> dict:
     import torch
 
     from agentrl.engine.delta import apply_delta
-    from agentrl.weights.delta import changed_indices, changed_indices_many, encode_delta
+    from agentrl.weights.delta import Snapshot, changed_indices, changed_indices_many, diff_many, encode_delta
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     new = perturb(old, args.changed, pattern)
@@ -89,9 +92,37 @@ def run_pattern(args, old: dict, pattern: str) -> dict:
     batched_s = sorted(batched)[len(batched) // 2]
     if batched_changed != changed:
         raise RuntimeError(f"batched diff found {batched_changed} changes, the per-tensor diff {changed}")
+    def timed(fn) -> tuple[float, int]:
+        fn()  # warm-up (allocations)
+        times, counted = [], 0
+        for _ in range(args.repeats):
+            sync()
+            t0 = time.perf_counter()
+            counted = fn()  # the counts are on the host: synced
+            sync()
+            times.append(time.perf_counter() - t0)
+        if counted != changed:
+            raise RuntimeError(f"{fn.__name__} counted {counted} changes, the per-tensor diff {changed}")
+        return sorted(times)[len(times) // 2], counted
+
+    def many() -> int:
+        return sum(d.count for d in diff_many(pairs))
+
+    # what DeltaSync does when the snapshot fits its budget: the snapshot is one flat layout, the new
+    # bits are staged into a second one (one fused copy), one comparison per buffer
+    snapshot = Snapshot(budget_bytes=1 << 62, device=None)
+    snapshot.record(list(old.items()), "v0")
+    new_items = list(new.items())
+
+    def fused() -> int:
+        return sum(d.count for d in snapshot.diffs(new_items).values())
+
+    many_s, _ = timed(many)
+    fused_s, _ = timed(fused)
     numel = sum(t.numel() for t in new.values())
     t0 = time.perf_counter()
-    payload, stats = encode_delta(((n, old[n], new[n]) for n in new), base_version="v0", new_version="v1")
+    payload, stats = encode_delta(snapshot.triples(new_items), base_version="v0", new_version="v1",
+                                  diffs=snapshot.diffs(new_items))
     encode_s = time.perf_counter() - t0
     target = {n: t.clone() for n, t in old.items()}
     sync()
@@ -102,7 +133,9 @@ def run_pattern(args, old: dict, pattern: str) -> dict:
     bitwise = all(torch.equal(target[n].view(torch.int16), new[n].view(torch.int16)) for n in new)
     return {"pattern": pattern, "changed_fraction": changed / numel, "full_bytes": full_bytes,
             "diff_s": diff_s, "diff_GBps": full_bytes / diff_s / 1e9,
-            "diff_batched_s": batched_s, "diff_batched_GBps": full_bytes / batched_s / 1e9, "payload_bytes": len(payload),
+            "diff_batched_s": batched_s, "diff_batched_GBps": full_bytes / batched_s / 1e9,
+            "diff_many_s": many_s, "diff_many_GBps": full_bytes / many_s / 1e9,
+            "diff_fused_s": fused_s, "diff_fused_GBps": full_bytes / fused_s / 1e9, "payload_bytes": len(payload),
             "payload_fraction": len(payload) / full_bytes, "encodings": stats.encodings, "encode_s": encode_s,
             "apply_s": apply_s, "new_version": header.new_version, "bitwise_equal": bitwise}
 
@@ -124,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     old = bf16_state(args.shape, args.device)
     rows = [run_pattern(args, old, pattern) for pattern in args.patterns]
     print(f"\ndelta sync, {args.shape} bf16 on {args.device}, {args.changed:.1%} of elements changed")
-    print(f"{'pattern':<7} {'changed':>8} {'GB':>6} {'diff GB/s':>10} {'batched':>8} {'payload':>8} {'encode s':>9} "
-          f"{'apply s':>8} bitwise   (diff: per tensor; batched: changed_indices_many)")
+    print(f"{'pattern':<7} {'changed':>8} {'GB':>6} {'diff GB/s':>10} {'batched':>8} {'many':>6} {'fused':>7} "
+          f"{'payload':>8} {'encode s':>9} {'apply s':>8} bitwise   (GB/s of weights compared; diff: changed_indices "
+          "per tensor; batched: changed_indices_many; many: diff_many, masks + counts; fused: a flat snapshot's "
+          "diffs, staging copy included: what DeltaSync uses)")
     for r in rows:
         print(f"{r['pattern']:<7} {r['changed_fraction']:>8.4f} {r['full_bytes'] / 1e9:>6.2f} {r['diff_GBps']:>10.0f} "
-              f"{r['diff_batched_GBps']:>8.0f} "
+              f"{r['diff_batched_GBps']:>8.0f} {r['diff_many_GBps']:>6.0f} {r['diff_fused_GBps']:>7.0f} "
               f"{r['payload_fraction']:>8.2%} {r['encode_s']:>9.2f} {r['apply_s']:>8.2f} {r['bitwise_equal']}")
     result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "shape": args.shape,
               "changed": args.changed, "rows": rows}

@@ -53,14 +53,16 @@ def make_sender(mode: str, url: str):
     return DeltaSync([url], transport="broadcast", backend="nccl", group_timeout_s=120, snapshot_device=None)
 
 
-def post(url: str, body: dict) -> dict:
+def post(url: str, body: dict, secret: str | None = None) -> dict:
+    from agentrl.engine.auth import auth_headers
+
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **auth_headers(secret)})
     with urllib.request.urlopen(request, timeout=600) as r:
         return json.loads(r.read() or b"{}")
 
 
-def release_check(url: str, named: list, engine_gpu: int) -> dict:
+def release_check(url: str, named: list, engine_gpu: int, secret: str | None = None) -> dict:
     """Colocate round trip: free GPU bytes before/after ``/release_memory_occupation`` and after resume, plus
     the weights' bits after resume."""
     import torch
@@ -72,9 +74,9 @@ def release_check(url: str, named: list, engine_gpu: int) -> dict:
         return torch.cuda.mem_get_info(engine_gpu)[0]
 
     before = free()
-    post(url + "/release_memory_occupation", {})
+    post(url + "/release_memory_occupation", {}, secret)
     released = free()
-    post(url + "/resume_memory_occupation", {})
+    post(url + "/resume_memory_occupation", {}, secret)
     resumed = free()
     with urllib.request.urlopen(url + "/weights_checksum", timeout=600) as r:
         remote = json.loads(r.read())
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-seconds", type=float, default=240)
     p.add_argument("--log-dir", default=None, help="where the engine log goes (default: a temp dir)")
     p.add_argument("--release-check", action="store_true",
-                   help="then release the engine's memory (colocate), measure the GPU memory freed, resume, re-check bits")
+                   help="then release the engine's memory (colocate), measure the GPU memory freed, resume, "
+                        "re-check bits, and sync once more")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     faulthandler.dump_traceback_later(args.hang_seconds, exit=True)
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.wait_healthy(600)
         with make_sender(args.mode, engine.url) as sender:
             generator = torch.Generator(device=device).manual_seed(1)
-            for k in range(1, args.rounds + 1):
+
+            def one_round(k: int, label: str | None = None) -> list:
                 with torch.no_grad():
                     for param in model.parameters():
                         mask = torch.rand(param.shape, device=device, generator=generator) < args.changed
@@ -152,14 +156,23 @@ def main(argv: list[str] | None = None) -> int:
                                "seconds": round(report.seconds, 4), "bytes_sent": report.bytes_sent,
                                "full_bytes": report.full_bytes,
                                "full_GB_per_s": round(report.full_bytes / report.seconds / 1e9, 2),
-                               "fallback": report.fallback,
+                               "fallback": report.fallback, "label": label,
                                # where the seconds went (tensor transport: stage/export/request and the
                                # engine's ipc_open/check/wait/copy/version; every mode: the version check)
                                "timings": {**report.details.get("timings", {}),
                                            "check_versions_s": report.details.get("check_versions_s")},
                                "layout": report.details.get("layout"), "requests": report.details.get("requests")})
                 print(json.dumps(rounds[-1]), flush=True)
-        release = release_check(engine.url, named, engine_gpu) if args.release_check else None
+                return named
+
+            for k in range(1, args.rounds + 1):
+                named = one_round(k)
+            release = None
+            if args.release_check:
+                # release and resume with the sender still open (its buffers stay mapped), then sync again:
+                # the engine's kept copy plan must write the resumed parameters
+                release = release_check(engine.url, named, engine_gpu, engine.secret)
+                one_round(args.rounds + 1, "after release + resume")
     result = {"release": release, "mode": args.mode, "shape": args.shape, "dtype": args.dtype, "trainer_gpu": args.trainer_gpu,
               "engine_gpu": engine_gpu, "device": torch.cuda.get_device_name(), "rounds": rounds,
               "all_bitwise_equal": all(r["bitwise_equal"] for r in rounds)

@@ -178,6 +178,49 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
     return rows
 
 
+def profile_step(args, variant: tuple[str, str, str]) -> dict:
+    """CUDA: one train step of ``variant`` under ``torch.profiler``; kernels by self device time, grouped
+    into matmuls, attention, the optimizer and the rest (where a step's time goes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = hf_config(args.shape, args.seq_len)
+    batch = synthetic_batch(args.seqs_per_microbatch * args.microbatches, args.seq_len, cfg.vocab_size)
+    trainer = build_trainer(args, cfg, *variant)
+    trainer.train_step(batch)  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(e.self_device_time_total for e in events) or 1.0
+
+    def group(name: str) -> str:
+        low = name.lower()
+        if any(k in low for k in ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "matmul")):
+            return "matmul"
+        if any(k in low for k in ("flash", "fmha", "attention", "sdpa")):
+            return "attention"
+        if any(k in low for k in ("adam", "multi_tensor", "foreach")):
+            return "optimizer/foreach"
+        return "other"
+
+    groups: dict[str, float] = {}
+    for e in events:
+        groups[group(e.key)] = groups.get(group(e.key), 0.0) + e.self_device_time_total
+    top = sorted(events, key=lambda e: -e.self_device_time_total)[:30]
+    result = {"variant": ":".join(variant), "device_ms": total / 1e3,
+              "groups_ms": {k: round(v / 1e3, 2) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+              "top": [{"kernel": e.key[:160], "ms": round(e.self_device_time_total / 1e3, 3), "calls": e.count,
+                       "share": round(e.self_device_time_total / total, 4)} for e in top]}
+    print(f"profile {result['variant']}: {result['device_ms']:.1f} ms of kernels in one step; by group (ms): "
+          f"{result['groups_ms']}")
+    for row in result["top"]:
+        print(f"  {row['ms']:>8.2f} ms {100 * row['share']:>5.1f}% x{row['calls']:<5} {row['kernel'][:110]}")
+    del trainer
+    return result
+
+
 def measure_matmul_peak() -> float:
     """bf16 TFLOP/s of a large random 8192^3 matmul on this GPU (median of 20, after warm-up)."""
     import torch
@@ -224,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch CPU threads (on a shared 2-core box, 1 avoids oversubscription: 16x faster)")
     parser.add_argument("--tp-size", type=int, default=1,
                         help="tensor parallel size; run under torchrun (data parallel gets the other ranks)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cuda: then profile one step of the first variant (kernels by device time) into the JSON")
+    parser.add_argument("--megatron-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="cuda experiments: a TransformerConfig field for every trainer built (e.g. "
+                             "bias_activation_fusion=true); the value is read as JSON")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -248,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda" and args.matmul_peak is None:
         args.matmul_peak = measure_matmul_peak()
+    if args.megatron_override:
+        import agentrl.trainer.model as model_module
+
+        overrides = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.megatron_override)}
+        plain = model_module.transformer_config_from_hf
+        model_module.transformer_config_from_hf = lambda *a, **kw: plain(*a, **{**kw, **overrides})
     rows = []
     for attention in args.attention:
         variants = [(attention, *v.split(":")) for v in args.variants]
@@ -279,9 +333,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['shape']:<11} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
               f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
               f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
+    if args.megatron_override:
+        for r in rows:
+            r["megatron_overrides"] = args.megatron_override
+    result: list | dict = rows
+    if args.profile and args.device == "cuda":
+        first = (args.attention[0], *args.variants[0].split(":"))
+        result = {"rows": rows, "profile": profile_step(args, first)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    out.write_text(json.dumps(result, indent=2))
     return 0 if all("error" not in r for r in rows) else 1
 
 
