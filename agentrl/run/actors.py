@@ -40,11 +40,11 @@ class TrainerRank:
         """``master_addr``: rank 0's node (its IP on a cluster). ``gpu_ids``: the GPUs Ray assigned this
         rank (``[]``: none, so CUDA is hidden); a rank given GPUs where CUDA is absent refuses to start.
         ``cpu_threads``: torch's intra-op threads for this rank (None: what Ray's CPU share sets, 1)."""
+        import torch
+
         from agentrl.run.placement import here, require_cuda, visible_devices
 
         if cpu_threads is not None:
-            import torch
-
             torch.set_num_threads(cpu_threads)
 
         self.where_ = {**here(), "rank": rank, "master_addr": master_addr}
@@ -54,8 +54,6 @@ class TrainerRank:
             require_cuda(f"trainer rank {rank}", gpu_ids, self.where_["node_id"])
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0" if gpu_ids else str(rank),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        import torch
-
         from agentrl.trainer.actor import MegatronTrainer
         from agentrl.trainer.trainer_config import TrainerConfig
 

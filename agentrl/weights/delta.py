@@ -55,6 +55,17 @@ def changed_indices(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return (a != b).nonzero().reshape(-1)
 
 
+def _flat_bit_pairs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each ``(old, new)`` pair as flat bit views, refused unless both have the same shape, dtype and device."""
+    bits = []
+    for old, new in pairs:
+        a, b = flat_bits(old), flat_bits(new)
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            raise ValueError(f"cannot diff {old.dtype}{list(old.shape)} against {new.dtype}{list(new.shape)}")
+        bits.append((a, b))
+    return bits
+
+
 def changed_indices_many(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, group_elements: int = 1 << 30
 ) -> list[torch.Tensor]:
@@ -65,12 +76,7 @@ def changed_indices_many(
     tensors costs."""
     import torch
 
-    bits = []
-    for old, new in pairs:
-        a, b = flat_bits(old), flat_bits(new)
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            raise ValueError(f"cannot diff {old.dtype}{list(old.shape)} against {new.dtype}{list(new.shape)}")
-        bits.append((a, b))
+    bits = _flat_bit_pairs(pairs)
     out: list[torch.Tensor] = []
     start = 0
     while start < len(bits):
@@ -120,12 +126,7 @@ def diff_many(
     (the XOR plane of a dense one is ``old ^ new``; a sparse one's indices are its mask's ``nonzero``)."""
     import torch
 
-    bits = []
-    for old, new in pairs:
-        a, b = flat_bits(old), flat_bits(new)
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            raise ValueError(f"cannot diff {old.dtype}{list(old.shape)} against {new.dtype}{list(new.shape)}")
-        bits.append((a, b))
+    bits = _flat_bit_pairs(pairs)
     out: list[Diff] = []
     start = 0
     while start < len(bits):
