@@ -19,7 +19,8 @@ def _is_ill_formed(turn_meta: Mapping[str, Any] | None) -> bool:
     return bool(turn_meta) and bool(turn_meta.get("ill_formed") or turn_meta.get("malformed_calls"))
 
 
-def _replace_loss_mask(sample: Any, loss_mask: list[int]) -> Any:
+def replace_loss_mask(sample: Any, loss_mask: list[int]) -> Any:
+    """``sample`` (a mapping or a dataclass record) with ``loss_mask`` in place of its own; for credit rules."""
     if isinstance(sample, Mapping):
         return {**sample, "loss_mask": loss_mask}
     return dataclasses.replace(sample, loss_mask=loss_mask)
@@ -51,5 +52,5 @@ def withhold_positive_credit_from_ill_formed_turns(samples: Sequence[Any], advan
             if source == MODEL and turn in bad:
                 for i in range(max(run_start, start), run_end):
                     mask[i - start] = 0
-        out.append(_replace_loss_mask(sample, mask))
+        out.append(replace_loss_mask(sample, mask))
     return out

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.trainer.batch import sample_field
-from agentrl.trainer.credit import _replace_loss_mask
+from agentrl.trainer.credit import replace_loss_mask
 
 
 def train_above_average_only(samples: Sequence[Any], advantages: Sequence[float]) -> list[Any]:
@@ -26,5 +26,5 @@ def train_above_average_only(samples: Sequence[Any], advantages: Sequence[float]
         if advantage > 0:
             out.append(sample)
         else:
-            out.append(_replace_loss_mask(sample, [0] * len(sample_field(sample, "loss_mask"))))
+            out.append(replace_loss_mask(sample, [0] * len(sample_field(sample, "loss_mask"))))
     return out
