@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agentrl.models.tiny import TINY_SHAPE
 from agentrl.plugins import load_function, resolve
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.run.data import DataSection, FunctionTasks, TaskSource, is_data_path, load_dataset_tasks
@@ -28,8 +29,27 @@ from agentrl.trainer.trainer_config import TrainerConfig
 class ModelSection(Settings):
     path: str | None = Field(None, description="local HF model dir; None builds the tiny test model")
     seed: int = Field(0, description="init seed of the tiny model")
-    max_position_embeddings: int = Field(512, ge=16, description="context length of the tiny model")
+    max_position_embeddings: int = Field(TINY_SHAPE["max_position_embeddings"], ge=16, description="context length of the tiny model")
+    num_hidden_layers: int = Field(TINY_SHAPE["num_hidden_layers"], ge=1, description="layers of the tiny model")
+    hidden_size: int = Field(TINY_SHAPE["hidden_size"], ge=8, description="hidden size of the tiny model (a multiple of num_attention_heads)")
+    intermediate_size: int = Field(TINY_SHAPE["intermediate_size"], ge=8, description="MLP width of the tiny model")
+    num_attention_heads: int = Field(TINY_SHAPE["num_attention_heads"], ge=1, description="attention heads of the tiny model")
+    num_key_value_heads: int = Field(TINY_SHAPE["num_key_value_heads"], ge=1, description="key/value heads of the tiny model (divides num_attention_heads)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of engines and trainer")
+
+    @model_validator(mode="after")
+    def _shape_is_buildable(self) -> ModelSection:
+        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(f"model.hidden_size {self.hidden_size} must be num_attention_heads "
+                             f"({self.num_attention_heads}) times an even head size (rotary embeddings)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model.num_key_value_heads {self.num_key_value_heads} must divide "
+                             f"num_attention_heads {self.num_attention_heads}")
+        return self
+
+    def tiny_shape(self) -> dict[str, int]:
+        """The fields of the tiny model's shape (``agentrl.models.tiny.TINY_SHAPE``); unused with ``path``."""
+        return {name: getattr(self, name) for name in TINY_SHAPE if name in type(self).model_fields}
 
 
 class EvalSection(Settings):

@@ -21,12 +21,17 @@ def base_model_dir(cfg: RunConfig) -> Path:
     """``cfg.model.path`` if given, else the tiny model for this seed, built once into the cache."""
     if cfg.model.path:
         return Path(cfg.model.path)
-    from agentrl.models.tiny import TOKENIZER_DIR, make_tiny_model
+    from agentrl.models.tiny import TINY_SHAPE, TOKENIZER_DIR, make_tiny_model
 
     tokenizer_files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(TOKENIZER_DIR.iterdir())}
-    out = Path(cfg.cache_dir) / f"tiny-{_key(cfg.model.seed, cfg.model.max_position_embeddings, tokenizer_files)}"
+    shape = cfg.model.tiny_shape()
+    # The default shape keeps its old key, so caches built before the shape was configurable stay valid.
+    key_parts = (cfg.model.seed, shape["max_position_embeddings"], tokenizer_files)
+    if any(shape[name] != TINY_SHAPE[name] for name in shape):
+        key_parts += (shape,)
+    out = Path(cfg.cache_dir) / f"tiny-{_key(*key_parts)}"
     if not (out / "model.safetensors").exists():
-        make_tiny_model(out, seed=cfg.model.seed, max_position_embeddings=cfg.model.max_position_embeddings)
+        make_tiny_model(out, seed=cfg.model.seed, **shape)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -145,3 +146,17 @@ def test_the_console_script_finds_plug_ins_in_the_working_directory(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert '"env": "mine.env:MyEnv"' in proc.stdout
+
+
+def test_the_tiny_models_shape_is_configurable_checked_at_load_and_keys_its_cache(tmp_path):
+    from agentrl.run.models import base_model_dir
+
+    with pytest.raises(ValidationError, match="even head size"):
+        RunConfig.model_validate({"model": {"hidden_size": 100, "num_attention_heads": 4}})
+    with pytest.raises(ValidationError, match="must divide"):
+        RunConfig.model_validate({"model": {"num_attention_heads": 4, "num_key_value_heads": 3}})
+    default = base_model_dir(RunConfig(cache_dir=str(tmp_path)))
+    deeper = base_model_dir(RunConfig.model_validate({"cache_dir": str(tmp_path), "model": {"num_hidden_layers": 3}}))
+    assert default != deeper
+    layers = [json.loads((d / "config.json").read_text())["num_hidden_layers"] for d in (default, deeper)]
+    assert layers == [2, 3]
