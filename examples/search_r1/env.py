@@ -8,6 +8,7 @@ from typing import Any
 from agentrl.envs import Environment, tool
 from examples.search_r1.reward import score
 from examples.search_r1.search import SearchIndex
+from examples.search_r1.synthetic import task_index
 
 # Short: the tiny model has 512 positions for the prompt, two searches and the answer.
 SYSTEM_PROMPT = "Search, then reply <answer>the answer</answer>."
@@ -36,8 +37,11 @@ class SearchR1Env(Environment):
         self.index = index or default_index()
         self.final_reply = ""
         self.searches: list[str] = []
+        self.task_index: SearchIndex | None = None
 
     def reset(self, task: dict[str, Any]) -> list[dict[str, str]]:
+        # A made-up task (examples.search_r1.synthetic) carries its own documents: search those.
+        self.task_index = task_index(tuple(map(tuple, task["docs"]))) if task.get("docs") else None
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
 
     @tool
@@ -48,7 +52,7 @@ class SearchR1Env(Environment):
             query: words to look for.
         """
         self.searches.append(query)
-        hits = self.index.search(query, k=self.top_k)
+        hits = (self.task_index or self.index).search(query, k=self.top_k)
         if not hits:
             return "No results."
         return "\n".join(f"[{i + 1}] {clip(doc.text, self.snippet_chars)}" for i, doc in enumerate(hits))

@@ -118,7 +118,8 @@ def warmup_question_ids(share: float) -> frozenset[str]:
 
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
                    seed: int = 0, holdout: str = "country", warmup_share: float | None = None,
-                   warmup_kinds: tuple[str, ...] | list[str] | None = None) -> list[dict[str, Any]]:
+                   warmup_kinds: tuple[str, ...] | list[str] | None = None, warmup_synthetic: float = 0.0,
+                   train_synthetic: float = 0.0) -> list[dict[str, Any]]:
     """Questions of ``kinds`` from ``split`` (``"train"``, ``"warmup"`` or ``"heldout"``).
 
     ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
@@ -132,6 +133,11 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     ``warmup_kinds`` (with ``warmup_share``): the ``"warmup"`` split's kinds instead of ``kinds``; a kind
     only there gives the warm-up all its non-held-out questions (more names to copy in more places,
     none of them a held-out or GRPO question).
+
+    ``warmup_synthetic`` / ``train_synthetic``: that seeded share of the ``"warmup"`` / ``"train"`` questions
+    (with ``n``) is replaced by a question of the same kind about made-up countries
+    (``examples.search_r1.synthetic``), new for every seed: names no model can have memorised, so only
+    copying answers them. Held-out questions are always real.
 
     ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
     kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
@@ -148,6 +154,9 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     if warmup_share is not None and (holdout != "question" or not 0 < warmup_share < 1):
         raise ValueError(f"warmup_share needs holdout='question' and 0 < share < 1, got {warmup_share!r} "
                          f"with holdout={holdout!r}")
+    for name, share in (("warmup_synthetic", warmup_synthetic), ("train_synthetic", train_synthetic)):
+        if not 0 <= share <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {share!r}")
     if warmup_kinds is not None:
         if warmup_share is None:
             raise ValueError("warmup_kinds needs warmup_share")
@@ -180,8 +189,16 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
             raise ValueError(f"no {split} questions of kind {k!r}")
     order = list(kinds)
     rng.shuffle(order)  # which kind comes first varies with the seed
-    return [per_kind[order[i % len(order)]][(i // len(order)) % len(per_kind[order[i % len(order)]])]
-            for i in range(n)]
+    out = [per_kind[order[i % len(order)]][(i // len(order)) % len(per_kind[order[i % len(order)]])]
+           for i in range(n)]
+    share = {"warmup": warmup_synthetic, "train": train_synthetic}.get(split, 0.0)
+    if share > 0:
+        from examples.search_r1.synthetic import synthetic_question
+
+        made_up = random.Random(f"{seed}-synthetic-{split}")
+        out = [synthetic_question(q["kind"], made_up, f"{split}-{seed}-{i}") if made_up.random() < share else q
+               for i, q in enumerate(out)]
+    return out
 
 
 def _round_robin(questions: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:

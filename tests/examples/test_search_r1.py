@@ -305,3 +305,39 @@ def test_plot_summary_takes_the_first_eval_row_as_the_warm_model(tmp_path):
     assert main([str(path), str(tmp_path / "curve.png")]) == 0 and (tmp_path / "curve.png").stat().st_size > 0
     with pytest.raises(ValueError, match="eval_accuracy"):
         summary([{"step": 1, "rollout/reward_mean": 0.0}])
+
+
+def test_made_up_questions_are_answered_by_their_own_documents_and_never_held_out(renderer):
+    """Made-up countries (examples.search_r1.synthetic): every expert query finds its evidence first among the
+    task's own documents, the expert chat answers through the env's search, and the share of made-up
+    questions is seeded, per split, never held-out."""
+    import random
+
+    from examples.search_r1.synthetic import KINDS as MADE_UP_KINDS
+    from examples.search_r1.synthetic import synthetic_question, task_index
+
+    rng = random.Random(3)
+    made_up = [synthetic_question(kind, rng, str(i)) for i in range(25) for kind in MADE_UP_KINDS]
+    real_names = {c.name for c in countries()}
+    for q in made_up:
+        index = task_index(tuple(map(tuple, q["docs"])))
+        for query, need in zip(q["queries"], q["evidence"], strict=True):
+            top = index.search(query, k=1)[0]
+            assert (top.country, top.field) == tuple(need)
+        chat = expert_messages(q)
+        assert chat[-1]["content"] == f"<answer>{q['answers'][0]}</answer>"
+        assert q["answers"][0] in chat[-2]["content"]  # the last search result holds the answer
+        assert q["country"] not in real_names and q["id"].startswith(f"synthetic-{q['kind']}:")
+        assert len(renderer.render(chat, SearchR1Env.tool_schemas()).ids) < 512
+    assert len({q["country"] for q in made_up}) > 90  # new names every question
+    kwargs = dict(kinds=("capital", "neighbour_capital"), holdout="question", warmup_share=0.75)
+    warm = make_questions(400, split="warmup", seed=1, warmup_synthetic=0.5, **kwargs)
+    assert 150 < sum("docs" in q for q in warm) < 250
+    assert Counter(q["kind"] for q in warm) == {"capital": 200, "neighbour_capital": 200}  # kinds kept
+    assert warm == make_questions(400, split="warmup", seed=1, warmup_synthetic=0.5, **kwargs)  # seeded
+    assert not any("docs" in q for q in make_questions(400, split="warmup", seed=1, train_synthetic=1.0, **kwargs))
+    assert all("docs" in q for q in make_questions(8, split="train", seed=2, train_synthetic=1.0, **kwargs))
+    assert not any("docs" in q for q in make_questions(
+        100, split="heldout", seed=0, warmup_synthetic=1.0, train_synthetic=1.0, **kwargs))
+    with pytest.raises(ValueError, match="train_synthetic"):
+        make_questions(4, train_synthetic=1.5)
