@@ -21,9 +21,15 @@ reward of 0 ever stands for "the infrastructure broke".
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
+import random
+import re
+import sys
 import textwrap
 import threading
+import types
 from typing import Any
 
 from agentrl.envs import Environment, tool
@@ -32,7 +38,8 @@ from examples.coding_agent import oneliners
 from examples.coding_agent.feedback import NO_EXAMPLES, RUNNER, SOLUTION_FILE, all_passed_report, runner_input
 from examples.coding_agent.meter import SandboxMeter
 
-__all__ = ["FunctionEnv", "SandboxFailure", "expert_messages", "expert_replies", "make_tasks"]
+__all__ = ["FunctionEnv", "SandboxFailure", "expert_messages", "expert_messages_with_repairs", "expert_replies",
+           "make_tasks", "near_miss_body", "visible_report"]
 
 SYSTEM_PROMPT = "Write the function's body with write, test it with run_tests, then submit."
 FAMILIES = ("oneliner", "humaneval")
@@ -301,3 +308,91 @@ def make_tasks(n: int, *, seed: int = 0, split: str = "train", family: str = "on
 
         return [{**t, "family": "humaneval"} for t in humaneval_tasks(n, seed=seed, split=split)]
     raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+# ---- the expert that repairs a near miss -------------------------------------------------------------
+# A share of the warm-up chats first writes a near miss (a wrong argument name or constant: the errors the
+# tiny model makes), reads the run_tests FAIL, writes the reference and submits, so the policy has seen
+# feedback used; with max_turns 5 an episode has room for exactly one repair.
+REPAIR_PERCENT = 30
+
+
+def visible_report(task: dict[str, Any], code: str) -> str:
+    """What ``run_tests`` answers for ``code``: :data:`RUNNER` itself, run on the host in this process.
+
+    Only for the expert's own bodies (the reference and :func:`near_miss_body`, our templates): model code
+    only ever runs in a sandbox. A test checks the texts equal what the sandbox answers."""
+    if not task["examples"]:
+        return NO_EXAMPLES
+    module = types.ModuleType("solution")
+    saved_module, saved_stdin, out = sys.modules.get("solution"), sys.stdin, io.StringIO()
+    sys.modules["solution"] = module
+    try:
+        try:
+            exec(compile(solution_module(task, code), SOLUTION_FILE, "exec"), module.__dict__)  # noqa: S102
+        except BaseException as exc:  # the runner's import failure, reproduced
+            return f"solution.py failed to import: {type(exc).__name__}: {exc}"
+        sys.stdin = io.StringIO(runner_input(task["examples"]))
+        with contextlib.redirect_stdout(out):
+            exec(compile(RUNNER, "<runner>", "exec"), {"__name__": "__main__"})  # noqa: S102
+    finally:
+        sys.stdin = saved_stdin
+        if saved_module is None:
+            sys.modules.pop("solution", None)
+        else:
+            sys.modules["solution"] = saved_module
+    return out.getvalue().strip()
+
+
+def near_miss_body(task: dict[str, Any]) -> str | None:
+    """A one-liner's reference body with one argument name or one constant wrong (seeded by the task),
+    chosen so that the visible example fails; None when there is none (or for HumanEval)."""
+    if task["family"] != "oneliner":
+        return None
+    spec, rng = task["spec"], random.Random(f"near-miss-{task['seed']}")
+    body = oneliners.solution_body(task)
+    options = []
+    for i, k in enumerate(spec["ks"]):
+        bounds = oneliners.OPS_BY_NAME[spec["ops"][i]].k
+        if k is not None and bounds:
+            ks = [v for v in range(bounds[0], bounds[1] + 1) if v != k]
+            options.append(("k", i, rng.choice(ks)))
+    pool = {"list": oneliners.LIST_NAMES, "str": oneliners.STR_NAMES}.get(
+        oneliners.OPS_BY_NAME[spec["ops"][0]].kind, oneliners.INT_NAMES)
+    arg = rng.choice(spec["args"])
+    options.append(("name", arg, rng.choice([n for n in pool if n not in spec["args"]])))
+    kind, where, value = rng.choice(options)
+    if kind == "k":
+        wrong = oneliners.solution_body({**task, "spec": {**spec, "ks": [value if j == where else k
+                                                                         for j, k in enumerate(spec["ks"])]}})
+    else:
+        wrong = re.sub(rf"\b{re.escape(where)}\b", value, body)
+    if wrong == body or visible_report(task, wrong).endswith(f"{len(task['examples'])}/{len(task['examples'])} examples passed"):
+        return None
+    return wrong
+
+
+def _repairs(task: dict[str, Any]) -> bool:
+    digest = hashlib.sha256(f"repair-{task['task_id']}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < REPAIR_PERCENT
+
+
+def expert_messages_with_repairs(task: dict[str, Any], *, tool_format: ToolCallFormat | None = None,
+                                 ) -> list[dict[str, Any]]:
+    """:func:`expert_messages`, except that for :data:`REPAIR_PERCENT` % of the tasks (by task id) the
+    chat first writes :func:`near_miss_body`, runs the examples (the FAIL text the sandbox gives), then
+    writes the reference body, runs them again and submits."""
+    wrong = near_miss_body(task) if _repairs(task) else None
+    if wrong is None:
+        return expert_messages(task, tool_format=tool_format)
+    fmt = tool_format or HermesFormat()
+    write_wrong = fmt.render_calls([ToolCall("write", {"code": wrong})])
+    write, run, submit = expert_replies(task, tool_format=tool_format)
+    return [*FunctionEnv().reset(task),
+            {"role": "assistant", "content": write_wrong}, {"role": "tool", "name": "write", "content": SAVED},
+            {"role": "assistant", "content": run},
+            {"role": "tool", "name": "run_tests", "content": visible_report(task, wrong)},
+            {"role": "assistant", "content": write}, {"role": "tool", "name": "write", "content": SAVED},
+            {"role": "assistant", "content": run},
+            {"role": "tool", "name": "run_tests", "content": all_passed_report(task["examples"])},
+            {"role": "assistant", "content": submit}, {"role": "tool", "name": "submit", "content": SUBMITTED}]

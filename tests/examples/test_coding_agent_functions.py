@@ -32,9 +32,12 @@ from examples.coding_agent.function_env import (
     FunctionEnv,
     SandboxFailure,
     expert_messages,
+    expert_messages_with_repairs,
     expert_replies,
     make_tasks,
+    near_miss_body,
     solution_module,
+    visible_report,
 )
 from examples.coding_agent.meter import SandboxMeter, percentile
 
@@ -193,6 +196,27 @@ def test_config_loads_and_the_expert_chat_fits_the_tiny_context(renderer):
     assert all(t["family"] == "humaneval" and t["prompt"] in expert_messages(t)[1]["content"] for t in humaneval)
 
 
+def test_repair_chats_write_a_near_miss_read_its_failure_then_write_the_reference(renderer):
+    tasks = make_tasks(300, seed=0)
+    chats = [expert_messages_with_repairs(t) for t in tasks]
+    repaired = [(t, c) for t, c in zip(tasks, chats, strict=True) if c != expert_messages(t)]
+    assert 0.2 < len(repaired) / len(tasks) < 0.4  # REPAIR_PERCENT of the chats, the rest unchanged
+    kinds = set()
+    for task, chat in repaired:
+        wrong = near_miss_body(task)
+        assert [m["content"] for m in chat if m["role"] == "assistant"] == [
+            call("write", code=wrong), call("run_tests"), *expert_replies(task)]
+        report = chat[5]["content"]
+        assert report.startswith("FAIL") and report.endswith("0/1 examples passed") and report == visible_report(task, wrong)
+        kinds.add("NameError" if "NameError" in report else "value")
+        assert wrong != oneliners.solution_body(task)
+        ids = renderer.render(chat, FunctionEnv.tool_schemas(), add_generation_prompt=False).ids
+        assert len(ids) < 500  # the submit turn still fits the tiny model's 512 positions
+    assert kinds == {"NameError", "value"}
+    assert visible_report(tasks[0], oneliners.solution_body(tasks[0])).endswith("1/1 examples passed")
+    assert visible_report(tasks[0], "return (").startswith("solution.py failed to import: SyntaxError")
+
+
 def test_meter_reports_counts_rates_and_percentiles():
     meter = SandboxMeter()
     assert percentile([5.0], 99) == 5.0 and percentile([float(i) for i in range(1, 101)], 50) == 50.0
@@ -219,6 +243,17 @@ def test_expert_scores_1_and_replays_its_chat(docker, renderer, sandboxes):
         assert result.metrics.reward == 1.0 and env.grade.passed, (task["task_id"], env.grade)
         assert result.messages == expert_messages(task)  # the warm-up chat is what the env answers
     assert sandboxes[0].idle_count == 2  # every sandbox went back
+
+
+@pytest.mark.docker
+def test_a_repair_chat_replays_through_the_sandbox_word_for_word(docker, renderer, sandboxes):
+    """The warm-up's repair chats quote the FAIL text the sandbox's run_tests really gives."""
+    tasks = [t for t in make_tasks(40, seed=3) if expert_messages_with_repairs(t) != expert_messages(t)][:3]
+    assert tasks
+    for task in tasks:
+        chat = expert_messages_with_repairs(task)
+        result, env = play(renderer, task, [m["content"] for m in chat if m["role"] == "assistant"], sandboxes)
+        assert result.messages == chat and result.metrics.reward == 1.0
 
 
 @pytest.mark.docker
