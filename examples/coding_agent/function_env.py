@@ -373,13 +373,17 @@ def near_miss_body(task: dict[str, Any]) -> str | None:
 
 
 def _repairs(task: dict[str, Any]) -> bool:
+    # Held-out chats stay plain: the warm-up's teacher-forced check scores them whole, and the repair's
+    # deliberate near miss is never what a greedy policy should write.
+    if task["family"] == "oneliner" and oneliners.split_of(task["spec"]) == "heldout":
+        return False
     digest = hashlib.sha256(f"repair-{task['task_id']}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % 100 < REPAIR_PERCENT
 
 
 def expert_messages_with_repairs(task: dict[str, Any], *, tool_format: ToolCallFormat | None = None,
                                  ) -> list[dict[str, Any]]:
-    """:func:`expert_messages`, except that for :data:`REPAIR_PERCENT` % of the tasks (by task id) the
+    """:func:`expert_messages`, except that for :data:`REPAIR_PERCENT` % of the training tasks (by task id) the
     chat first writes :func:`near_miss_body`, runs the examples (the FAIL text the sandbox gives), then
     writes the reference body, runs them again and submits."""
     wrong = near_miss_body(task) if _repairs(task) else None

@@ -213,6 +213,8 @@ def test_repair_chats_write_a_near_miss_read_its_failure_then_write_the_referenc
         ids = renderer.render(chat, FunctionEnv.tool_schemas(), add_generation_prompt=False).ids
         assert len(ids) < 500  # the submit turn still fits the tiny model's 512 positions
     assert kinds == {"NameError", "value"}
+    # Held-out chats (the warm-up's teacher-forced check) stay the plain expert's.
+    assert all(expert_messages_with_repairs(t) == expert_messages(t) for t in make_tasks(100, seed=0, split="heldout"))
     assert visible_report(tasks[0], oneliners.solution_body(tasks[0])).endswith("1/1 examples passed")
     assert visible_report(tasks[0], "return (").startswith("solution.py failed to import: SyntaxError")
 
