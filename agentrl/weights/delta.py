@@ -211,6 +211,7 @@ class FlatBuffers:
         self.views = {name: flats[key][offset : offset + numel].view(shape)
                       for key, entries in layout.groups.items() for name, shape, offset, numel in entries}
         self._order = [self.views[name] for name, *_ in layout.signature]
+        self._live: dict[tuple[Any, Any], tuple] = {}  # diff_live's chunk tables, bit view, mask and its views
 
     def fill(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
         """Copy ``named`` (in the layout's order and shapes) in: one fused copy (bitwise)."""
@@ -218,6 +219,35 @@ class FlatBuffers:
 
         with torch.no_grad():
             torch._foreach_copy_(self._order, [t for _, t in named])
+
+    def diff_live(self, named: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Diff] | None:
+        """Where ``named`` (this layout's tensors, in its order) differ from these buffers, read in place:
+        one kernel launch and one sync per buffer, no staging copy (:mod:`agentrl.weights.delta_kernel`).
+        ``None`` where that kernel cannot run (off CUDA, no Triton, a tensor that is not contiguous): the
+        caller stages the bits and uses :meth:`diff`. The masks are views into one buffer per (device,
+        dtype) that the next call overwrites."""
+        import torch
+
+        from agentrl.weights import delta_kernel
+
+        if not all(delta_kernel.available(key[0]) for key in self.layout.groups):
+            return None
+        addresses: dict[tuple[Any, Any], list[int]] = {key: [] for key in self.layout.groups}
+        for (_, tensor), (_, _, dtype, device) in zip(named, self.layout.signature, strict=True):
+            if not tensor.is_contiguous():
+                return None
+            addresses[(device, dtype)].append(tensor.data_ptr())
+        out: dict[str, Diff] = {}
+        for key, entries in self.layout.groups.items():
+            if key not in self._live:  # per layout, once: the chunk tables, the mask buffer and its views
+                mask = torch.zeros(self.flats[key].numel(), dtype=torch.bool, device=key[0])
+                self._live[key] = (delta_kernel.LiveDiff([(o, n) for _, _, o, n in entries], key[0]),
+                                   flat_bits(self.flats[key]), mask,
+                                   [(name, mask[o : o + n]) for name, _, o, n in entries])
+            kernel, bits, mask, views = self._live[key]
+            counts = kernel(bits, mask, addresses[key])
+            out.update((name, Diff(view, c)) for (name, view), c in zip(views, counts, strict=True))
+        return out
 
     def diff(self, other: FlatBuffers) -> dict[str, Diff]:
         """Where ``other``'s bits differ from these, per name: one comparison and one sync per buffer."""
@@ -438,6 +468,7 @@ class Snapshot:
         # when every tensor fits the budget: the copies live in one FlatLayout (see diffs)
         self._flat: FlatBuffers | None = None
         self._staged: FlatBuffers | None = None  # the same layout, for the next sync's new bits
+        self.last_diff: str | None = None  # how the last diffs() ran: "live" (in place), "staged" or None
 
     @property
     def bytes_used(self) -> int:
@@ -459,15 +490,23 @@ class Snapshot:
         self._tensors.clear()
         self._flat = self._staged = None
 
-    def diffs(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Diff]:
+    def diffs(self, named_tensors: Sequence[tuple[str, torch.Tensor]], *, in_place: bool = True) -> dict[str, Diff]:
         """Each name's :class:`Diff` of ``named_tensors`` against the snapshot, in one fused pass, when the
         whole snapshot is one :class:`FlatLayout` of exactly these tensors (names, shapes, dtypes,
         devices: it is when everything fit the budget on the tensors' own device); else ``{}``
-        (:func:`encode_delta` then diffs per group). The new bits are staged into a second set of the
-        layout's buffers first (one fused copy; the snapshot's memory doubles while it is flat)."""
+        (:func:`encode_delta` then diffs per group). On CUDA the kernel of :meth:`FlatBuffers.diff_live`
+        reads the tensors in place; elsewhere the new bits are staged into a second set of the layout's
+        buffers first (one fused copy; the snapshot's memory doubles while it is flat). ``last_diff``
+        says which ran (``in_place=False`` stages on CUDA too). The masks are valid until the next call."""
         named = list(named_tensors)
         if not self.valid or self._flat is None or not self._flat.layout.fits(named):
+            self.last_diff = None
             return {}
+        live = self._flat.diff_live(named) if in_place else None
+        if live is not None:
+            self.last_diff = "live"
+            return live
+        self.last_diff = "staged"
         if self._staged is None:
             self._staged = self._flat.layout.allocate()
         self._staged.fill(named)

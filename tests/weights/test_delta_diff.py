@@ -123,3 +123,43 @@ def test_a_snapshot_on_another_device_than_its_tensors_stays_per_tensor():
     assert snap.diffs(named) != {}  # beside its tensors: flat
     assert not Snapshot(1 << 20, device="meta")._beside(torch.device("cpu"))
     assert Snapshot(1 << 20, device="cuda")._beside(torch.device("cuda", 0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_the_in_place_diff_on_cuda_equals_the_staged_one():
+    """On CUDA a flat snapshot diffs the live tensors in place (one Triton launch per buffer, no staging
+    copy): same masks and counts as the staged comparison and the per-tensor diff, for tensors that end
+    mid-chunk, span several chunks, start on an unaligned address (a view at an odd offset: the kernel's
+    unvectorised variant), are empty, or are not contiguous (that diff stages instead)."""
+    from agentrl.weights.delta import Snapshot
+    from agentrl.weights.delta_kernel import CHUNK
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    specs = [(7, torch.bfloat16), (CHUNK, torch.bfloat16), (3 * CHUNK + 5, torch.bfloat16), (0, torch.bfloat16),
+             (1000, torch.float32), (CHUNK + 1, torch.float32), (64, torch.bool)]
+    olds, news = [], []
+    for i, (n, dtype) in enumerate(specs):
+        old = (torch.rand(n, device="cuda", generator=g) < 0.5) if dtype == torch.bool else \
+            (torch.randn(n, device="cuda", generator=g) * 10).to(dtype)
+        new = old.clone()
+        if n:
+            picks = torch.randperm(n, device="cuda", generator=g)[: max(1, n // 9)]
+            new[picks] = ~new[picks] if dtype == torch.bool else new[picks] + 1
+        olds.append((f"t{i}", old))
+        news.append((f"t{i}", new))
+    odd = torch.zeros(specs[2][0] + 1, dtype=torch.bfloat16, device="cuda")
+    odd[1:] = news[2][1]
+    news[2] = ("t2", odd[1:])  # contiguous, 2 bytes past an aligned address
+    snap = Snapshot(budget_bytes=1 << 30, device=None)
+    snap.record(olds, "1")
+    expected = [changed_indices(old, new) for (_, old), (_, new) in zip(olds, news, strict=True)]
+    for in_place, path in ((True, "live"), (False, "staged")):
+        diffs = snap.diffs(news, in_place=in_place)
+        assert snap.last_diff == path
+        for (name, _), index in zip(news, expected, strict=True):
+            assert diffs[name].count == index.numel()
+            assert torch.equal(diffs[name].mask.nonzero().reshape(-1), index)
+    strided = list(news)
+    strided[4] = ("t4", torch.stack([news[4][1], news[4][1]], 1)[:, 0])
+    diffs = snap.diffs(strided)
+    assert snap.last_diff == "staged" and diffs["t4"].count == expected[4].numel()
