@@ -38,6 +38,7 @@ class SearchR1Env(Environment):
         self.final_reply = ""
         self.searches: list[str] = []
         self.task_index: SearchIndex | None = None
+        self.found: set[tuple[str, str]] = set()  # (country, field) of every top-1 hit of this episode
 
     def reset(self, task: dict[str, Any]) -> list[dict[str, str]]:
         # A made-up task (examples.search_r1.synthetic) carries its own documents: search those.
@@ -53,6 +54,8 @@ class SearchR1Env(Environment):
         """
         self.searches.append(query)
         hits = (self.task_index or self.index).search(query, k=self.top_k)
+        if hits:
+            self.found.add((hits[0].country, hits[0].field))
         if not hits:
             return "No results."
         return "\n".join(f"[{i + 1}] {clip(doc.text, self.snippet_chars)}" for i, doc in enumerate(hits))
@@ -63,7 +66,17 @@ class SearchR1Env(Environment):
         return None
 
     def reward(self) -> float:
-        return score(self.final_reply, self.task["answers"], metric=self.metric, format_weight=self.format_weight)
+        """Exact match; a task with ``search_credit`` w (GRPO's, ``make_questions(train_search_credit=w)``;
+        never a held-out one, so ``eval_accuracy`` stays exact match) adds w times the share of its expert
+        searches' documents that one of the episode's searches ranked first: a query that copies the asked
+        name finds its document, one with a remembered name does not, so groups differ before any answer
+        is right."""
+        em = score(self.final_reply, self.task["answers"], metric=self.metric, format_weight=self.format_weight)
+        credit = float(self.task.get("search_credit", 0.0))
+        if not credit:
+            return em
+        needed = {tuple(e) for e in self.task["evidence"]}
+        return em + credit * len(needed & self.found) / len(needed)
 
 
 def clip(text: str, limit: int) -> str:

@@ -119,7 +119,7 @@ def warmup_question_ids(share: float) -> frozenset[str]:
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
                    seed: int = 0, holdout: str = "country", warmup_share: float | None = None,
                    warmup_kinds: tuple[str, ...] | list[str] | None = None, warmup_synthetic: float = 0.0,
-                   train_synthetic: float = 0.0) -> list[dict[str, Any]]:
+                   train_synthetic: float = 0.0, train_search_credit: float = 0.0) -> list[dict[str, Any]]:
     """Questions of ``kinds`` from ``split`` (``"train"``, ``"warmup"`` or ``"heldout"``).
 
     ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
@@ -139,6 +139,10 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     (``examples.search_r1.synthetic``), new for every seed: names no model can have memorised, so only
     copying answers them. Held-out questions are always real.
 
+    ``train_search_credit`` w: every ``"train"`` question carries ``search_credit`` w, so ``SearchR1Env``
+    rewards GRPO's episodes w times the share of the expert's documents their searches ranked first, on
+    top of exact match (held-out and warm-up questions never carry it: ``eval_accuracy`` stays exact match).
+
     ``n`` None: all of them, shuffled by ``seed``. Otherwise ``n`` questions taking the kinds in turn, each
     kind's questions in a ``seed``-shuffled order that visits the answer countries in turn and starts over
     when used up — so every kind is equally frequent however many questions it has, no country dominates
@@ -157,6 +161,8 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     for name, share in (("warmup_synthetic", warmup_synthetic), ("train_synthetic", train_synthetic)):
         if not 0 <= share <= 1:
             raise ValueError(f"{name} must be in [0, 1], got {share!r}")
+    if train_search_credit < 0:
+        raise ValueError(f"train_search_credit must be >= 0, got {train_search_credit!r}")
     if warmup_kinds is not None:
         if warmup_share is None:
             raise ValueError("warmup_kinds needs warmup_share")
@@ -178,6 +184,8 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
                  "warmup" if q["id"] in warm or (warmup_share is not None and q["kind"] not in grpo_kinds) else "train"}
                 for q in all_questions() if q["kind"] in kinds]
         pool = [q for q in pool if q["split"] == split]
+    if split == "train" and train_search_credit:
+        pool = [{**q, "search_credit": train_search_credit} for q in pool]
     if n is None:
         rng.shuffle(pool)
         return pool
@@ -198,6 +206,8 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
         made_up = random.Random(f"{seed}-synthetic-{split}")
         out = [synthetic_question(q["kind"], made_up, f"{split}-{seed}-{i}") if made_up.random() < share else q
                for i, q in enumerate(out)]
+        if split == "train" and train_search_credit:
+            out = [{**q, "search_credit": train_search_credit} for q in out]
     return out
 
 

@@ -341,3 +341,31 @@ def test_made_up_questions_are_answered_by_their_own_documents_and_never_held_ou
         100, split="heldout", seed=0, warmup_synthetic=1.0, train_synthetic=1.0, **kwargs))
     with pytest.raises(ValueError, match="train_synthetic"):
         make_questions(4, train_synthetic=1.5)
+
+
+def test_search_credit_rewards_grpo_searches_that_find_the_expert_documents():
+    """train_search_credit w: GRPO's questions add w x the share of the expert's documents an episode's
+    searches ranked first; warm-up and held-out questions never carry it (eval_accuracy stays exact match)."""
+    kwargs = dict(kinds=("capital", "neighbour_capital"), holdout="question", warmup_share=0.75,
+                  train_search_credit=0.5, train_synthetic=0.5)
+    train = make_questions(16, split="train", seed=3, **kwargs)
+    assert all(q["search_credit"] == 0.5 for q in train) and any("docs" in q for q in train)
+    assert not any("search_credit" in q for s in ("warmup", "heldout") for q in make_questions(16, split=s, **kwargs))
+    two_hop = next(q for q in train if q["kind"] == "neighbour_capital")
+
+    def reward(task, queries, reply):
+        env = SearchR1Env()
+        env.reset(task)
+        env.task = task
+        for query in queries:
+            env.search(query)
+        env.on_text_response(reply)
+        return env.reward()
+
+    answer = f"<answer>{two_hop['answers'][0]}</answer>"
+    assert reward(two_hop, two_hop["queries"], answer) == 1.5
+    assert reward(two_hop, two_hop["queries"][:1], "no") == 0.25  # one of two documents found
+    assert reward(two_hop, ["Nowhereland"], answer) == 1.0  # no hit
+    assert reward({**two_hop, "search_credit": 0.0}, two_hop["queries"], "no") == 0.0
+    with pytest.raises(ValueError, match="train_search_credit"):
+        make_questions(4, train_search_credit=-1)
