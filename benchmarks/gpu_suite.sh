@@ -2,7 +2,8 @@
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
 # come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs engine engine2 engine3 trainer trainer-fused delta ipc packing (default: env logprobs
+# parts: env logprobs engine engine2 engine3 trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
+# packing (default: env logprobs
 # engine trainer delta ipc packing); engine2: the CUDA-graph
 # engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02; engine3: the 0.5B
 # engine (timed warm) against warm HF static generate at c=1/128, the shortest call that answers the goals.
@@ -25,7 +26,8 @@ for part in $parts; do
       { nvidia-smi; python3 -c "import torch, transformers, megatron.core as m; print(torch.__version__, torch.version.cuda, transformers.__version__, m.__version__)"; } 2>&1 | tee "$OUT/env.txt" ;;
     logprobs)
       timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
-        tests/engine/test_attention.py tests/weights/test_delta_diff.py \
+        tests/engine/test_attention.py tests/weights/test_delta_diff.py tests/trainer/test_fast_optimizer.py \
+        tests/trainer/test_fused_logprobs.py \
         2>&1 | tail -5 | tee "$OUT/logprobs_cuda.txt" ;;
     engine)
       timeout 330 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b qwen2-1.5b \
@@ -41,14 +43,23 @@ for part in $parts; do
     trainer)
       timeout 200 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
         --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse padded:fresh \
-        --profile --out "$OUT/trainer_bench_cuda_1.5b_packed.json" 2>&1 | grep -v -i warn | tail -40 ;;
-    trainer-fused)  # experiment: Megatron's fused SwiGLU (bias_activation_fusion) on the packed trainer
+        --profile --phases --out "$OUT/trainer_bench_cuda_1.5b_packed.json" 2>&1 | grep -v -i warn | tail -42 ;;
+    trainer-before)  # the A/B's before: Megatron's per-tensor fallbacks and foreach AdamW, fp32 log-probs, unfused SwiGLU
       timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
-        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse \
-        --megatron-override bias_activation_fusion=true \
-        --out "$OUT/trainer_bench_cuda_1.5b_fused.json" 2>&1 | grep -v -i warn | tail -4 ;;
+        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --megatron-fallbacks --fp32-logprobs --megatron-override bias_activation_fusion=false \
+        --out "$OUT/trainer_bench_cuda_1.5b_before.json" 2>&1 | grep -v -i warn | tail -3 ;;
+    trainer-fp32lp)  # attribution: everything on but the one-pass log-prob kernel
+      timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --fp32-logprobs --out "$OUT/trainer_bench_cuda_1.5b_fp32lp.json" 2>&1 | grep -v -i warn | tail -3 ;;
+    trainer-unfused)  # attribution: everything on but the fused SwiGLU
+      timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --megatron-override bias_activation_fusion=false \
+        --out "$OUT/trainer_bench_cuda_1.5b_unfused.json" 2>&1 | grep -v -i warn | tail -3 ;;
     delta)
-      timeout 150 python3 benchmarks/delta_gpu_bench.py --device cuda --shape qwen2-1.5b --changed 0.03 \
+      timeout 150 python3 benchmarks/delta_gpu_bench.py --device cuda --shape qwen2-1.5b --changed 0.03 --repeats 15 \
         --out "$OUT/delta_gpu_bench_1.5b.json" 2>&1 | grep -v -i warn | tail -7 ;;
     ipc)
       timeout 200 python3 benchmarks/gpu_sync_check.py --mode ipc --shape qwen2-1.5b --rounds 5 --log-dir /tmp/ipc_logs \

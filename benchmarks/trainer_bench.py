@@ -147,6 +147,7 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
             sync()
             walls[k].append(time.perf_counter() - w0)
             cpus[k].append(time.process_time() - c0)
+    phases = [phase_times(t, batch) for t in trainers] if args.phases and args.device == "cuda" else None
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = []
     for (attention, layout, behaviour), t, wall, cpu in zip(variants, trainers, walls, cpus, strict=True):
@@ -168,7 +169,10 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
             mfu=(flops / step_s / 1e12 / args.peak_tflops) if args.peak_tflops else None,
             mfu_of_matmul_peak=(flops / step_s / 1e12 / args.matmul_peak) if args.matmul_peak else None,
             peak_mem_gib=peak_memory_gib(args.device),
+            fast_optimizer=fast_optimizer_on(), fused_logprobs=t._fused_logprobs(),
         ))
+        if phases is not None:
+            rows[-1]["phases_s"] = phases[len(rows) - 1]
     del trainers
     import gc
 
@@ -176,6 +180,59 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def fast_optimizer_on() -> bool:
+    import torch
+
+    from agentrl.trainer import fast_optimizer
+
+    return fast_optimizer.ENABLED and torch.cuda.is_available()
+
+
+def phase_times(trainer, batch) -> dict:
+    """CUDA: one train step with a device sync around each phase: seconds in the forwards (model + fp32
+    logits), the backwards, the gradient sync and the optimizer step; ``other`` is the rest (log-probs,
+    loss, metrics, zeroing). The syncs serialise host and device, so the phases add up to a bit more than
+    an unsynced step; the split says which phase a change moved. ``<phase>_host``: the seconds until each
+    call returned, before its sync (near the phase's own: the device waited on the host there)."""
+    import torch
+
+    spent: dict[str, float] = {}
+    hosts: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            host = time.perf_counter() - t0  # until the call returned: its host side (plus any syncs in it)
+            torch.cuda.synchronize()
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            hosts[name] = hosts.get(name, 0.0) + host
+            return out
+        return wrapper
+
+    backward = torch.Tensor.backward
+    trainer._forward = timed("forward", trainer._forward)
+    trainer.optimizer.step = timed("optimizer", trainer.optimizer.step)
+    trainer.model.finish_grad_sync = timed("grad_sync", trainer.model.finish_grad_sync)
+    torch.Tensor.backward = timed("backward", backward)
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - t0
+    finally:
+        torch.Tensor.backward = backward
+        del trainer._forward, trainer.optimizer.step, trainer.model.finish_grad_sync
+    out = {k: round(v, 4) for k, v in spent.items()}
+    out["other"] = round(total - sum(spent.values()), 4)
+    out["total"] = round(total, 4)
+    # host seconds of each phase: close to the phase's seconds means the GPU waited on Python there
+    out.update({f"{k}_host": round(v, 4) for k, v in hosts.items()})
+    return out
 
 
 def profile_step(args, variant: tuple[str, str, str]) -> dict:
@@ -272,6 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megatron-override", action="append", default=[], metavar="KEY=VALUE",
                         help="cuda experiments: a TransformerConfig field for every trainer built (e.g. "
                              "bias_activation_fusion=true); the value is read as JSON")
+    parser.add_argument("--phases", action="store_true",
+                        help="cuda: one more step per variant with a sync around each phase (forward, backward, "
+                             "grad sync, optimizer); seconds per phase in the JSON and printed")
+    parser.add_argument("--megatron-fallbacks", action="store_true",
+                        help="cuda: Megatron's own per-tensor multi-tensor fallbacks and torch's foreach AdamW "
+                             "(agentrl.trainer.fast_optimizer off: the before of an A/B)")
+    parser.add_argument("--fp32-logprobs", action="store_true",
+                        help="cuda: log-probs and entropy through fp32 logits (agentrl.trainer.fused_logprobs off: "
+                             "the before of an A/B)")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -296,6 +362,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda" and args.matmul_peak is None:
         args.matmul_peak = measure_matmul_peak()
+    if args.megatron_fallbacks:
+        from agentrl.trainer import fast_optimizer
+
+        fast_optimizer.ENABLED = False
+    if args.fp32_logprobs:
+        from agentrl.trainer import fused_logprobs
+
+        fused_logprobs.ENABLED = False
     if args.megatron_override:
         import agentrl.trainer.model as model_module
 
@@ -333,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['shape']:<11} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
               f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
               f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
+        if "phases_s" in r:
+            print(f"  phases (s, synced): {r['phases_s']}")
     if args.megatron_override:
         for r in rows:
             r["megatron_overrides"] = args.megatron_override

@@ -243,24 +243,58 @@ class MegatronTrainer:
             use_distributed_optimizer=cfg.use_distributed_optimizer,
         )
         with cuda_to_cpu():
-            return get_megatron_optimizer(opt_config, [self.model])
+            optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if torch.cuda.is_available():  # foreach/fused in place of Megatron's per-tensor fallbacks (no TE/Apex)
+            from agentrl.trainer import fast_optimizer
+
+            fast_optimizer.install()
+            fast_optimizer.fuse_adam(optimizer)
+        return optimizer
 
     def _build_scheduler(self):
         return make_lr_scheduler(self.optimizer, self.config)
 
     # ------------------------------------------------------------------------------------------ forward
 
-    def _forward(self, model, mb: MicroBatch) -> torch.Tensor:
-        """Vocab-parallel logits ``[b, L, V/tp]`` (packed: ``[1, T, V/tp]``) in fp32."""
+    def _forward(self, model, mb: MicroBatch, fp32: bool = True) -> torch.Tensor:
+        """Vocab-parallel logits ``[b, L, V/tp]`` (packed: ``[1, T, V/tp]``) in fp32, or with ``fp32=False``
+        in the model's dtype (for :mod:`agentrl.trainer.fused_logprobs`, which reads bf16 logits)."""
         mb = mb.to(self.device)
+        # Float16Module upcasts its output unless told not to (no such wrapper, no such argument, in fp32)
+        kwargs = {} if fp32 or self.dtype == torch.float32 else {"fp32_output": False}
         if mb.packed is not None:
             from agentrl.trainer.attention import packed_seq_params
 
-            return model(mb.packed.tokens, mb.packed.position_ids, None,
-                         packed_seq_params=packed_seq_params(mb.packed)).float()
-        # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
-        mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None
-        return model(mb.tokens, mb.position_ids, mask).float()
+            out = model(mb.packed.tokens, mb.packed.position_ids, None,
+                        packed_seq_params=packed_seq_params(mb.packed), **kwargs)
+        else:
+            # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
+            mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None
+            out = model(mb.tokens, mb.position_ids, mask, **kwargs)
+        return out.float() if fp32 else out
+
+    def _fused_logprobs(self, entropy_grad: bool = False) -> bool:
+        """Whether log-probs and entropy come from the model-dtype logits in one pass over the vocabulary
+        (:mod:`agentrl.trainer.fused_logprobs`: CUDA, one TP rank, no gradient through the entropy)."""
+        from agentrl.trainer import fused_logprobs
+
+        return not entropy_grad and fused_logprobs.available(self.device, self.tp_size)
+
+    def _logprobs_entropy(self, model, mb: MicroBatch, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([b, L] log-probs, [b, L] entropy)`` of one micro-batch, unpacked; the entropy carries a
+        gradient only with ``entropy_grad``."""
+        if self._fused_logprobs(entropy_grad):
+            from agentrl.trainer.fused_logprobs import logprobs_and_entropy
+
+            lp, entropy = logprobs_and_entropy(self._forward(model, mb, fp32=False), mb.model_tokens,
+                                               self.temperature)
+            return mb.unpack(lp), mb.unpack(entropy)
+        logits = self._forward(model, mb)
+        lp = mb.unpack(token_logprobs(logits, mb.model_tokens, self.temperature))
+        # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = mb.unpack(vocab_parallel_entropy(logits, self.temperature))
+        return lp, entropy
 
     def _micro_batches(self, samples: Sequence[Any], advantages=None) -> list[MicroBatch]:
         return make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id,
@@ -269,6 +303,8 @@ class MegatronTrainer:
     @torch.no_grad()
     def _logprobs_per_mb(self, model, mbs: list[MicroBatch]) -> list[torch.Tensor]:
         model.eval()
+        if self._fused_logprobs():
+            return [self._logprobs_entropy(model, mb, False)[0] for mb in mbs]
         return [mb.unpack(token_logprobs(self._forward(model, mb), mb.model_tokens, self.temperature)) for mb in mbs]
 
     @torch.no_grad()
@@ -375,12 +411,8 @@ class MegatronTrainer:
             for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
                 ids = [chunk[j] for j in mb.index]
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
-                logits = self._forward(self.model, mb)
-                lp = mb.unpack(token_logprobs(logits, mb.model_tokens, self.temperature))
+                lp, entropy = self._logprobs_entropy(self.model, mb, entropy_grad=loss_cfg.entropy_coef != 0)
                 old_lp = lp.detach() if old_from_train else _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
-                # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
-                with torch.set_grad_enabled(loss_cfg.entropy_coef != 0):
-                    entropy = mb.unpack(vocab_parallel_entropy(logits, self.temperature))
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(
                     lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,

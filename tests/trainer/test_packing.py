@@ -137,7 +137,8 @@ def test_behaviour_log_probs_from_the_training_forward_train_bitwise_like_a_fres
     calls = {"reused": 0, "fresh": 0}
     for name, t in (("reused", reused), ("fresh", fresh)):
         forward = t._forward
-        monkeypatch.setattr(t, "_forward", lambda model, mb, f=forward, n=name: (calls.__setitem__(n, calls[n] + 1), f(model, mb))[1])
+        monkeypatch.setattr(t, "_forward", lambda model, mb, f=forward, n=name, **kw: (calls.__setitem__(n, calls[n] + 1),
+                                                                                    f(model, mb, **kw))[1])
     m_reused, m_fresh = reused.train_step(samples), fresh.train_step(samples)
     assert calls["fresh"] - calls["reused"] == len(reused._micro_batches(samples))  # one forward fewer per micro-batch
     assert m_reused == m_fresh
