@@ -134,9 +134,14 @@ def test_the_warmup_share_keeps_warmup_grpo_and_heldout_questions_apart():
     for kind in only_warmup:  # every non-held-out question of a warm-up-only kind
         assert sum(i.startswith(f"{kind}:") for i in pools["warmup"]) == sum(
             q["kind"] == kind for q in make_questions(split="train", holdout="question"))
-    tasks = FunctionTasks(make_questions, seed=0, task_kwargs=kwargs)
+    real = {k: v for k, v in kwargs.items() if not k.endswith("_synthetic")}  # made-up questions are new ones
+    tasks = FunctionTasks(make_questions, seed=0, task_kwargs=real)
     assert {q["id"] for q in tasks.warmup(1300, seed=1)} == pools["warmup"]  # 4 x 325 > each kind: all of it
     assert {q["id"] for step in range(1, 6) for q in tasks.train(64, step)} <= pools["train"]
+    tasks = FunctionTasks(make_questions, seed=0, task_kwargs=kwargs)
+    for drawn, pool in ((tasks.warmup(1300, seed=1), pools["warmup"]),
+                        ([q for step in range(1, 6) for q in tasks.train(64, step)], pools["train"])):
+        assert all(q["id"] in pool or q["id"].startswith("synthetic-") for q in drawn)
     assert {q["id"] for q in tasks.heldout(100)} <= pools["heldout"]
     # Without warmup_share the warm-up trains on GRPO's questions (the first run's split).
     assert {q["id"] for q in make_questions(split="warmup", holdout="question")} == \
