@@ -180,7 +180,7 @@ def test_config_loads_and_the_expert_chat_fits_the_tiny_context(renderer):
     from agentrl.run.config import load_config
 
     cfg = load_config(CONFIG)
-    assert load_function(cfg.env) is FunctionEnv and load_function(cfg.expert) is expert_messages
+    assert load_function(cfg.env) is FunctionEnv and load_function(cfg.expert) is expert_messages_with_repairs
     assert cfg.model.max_position_embeddings == 512 and cfg.task_kwargs["family"] == "oneliner"
     lengths = []
     for task in make_tasks(200, seed=0, **cfg.task_kwargs):
