@@ -42,20 +42,20 @@ for part in $parts; do
         --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -16 ;;
     trainer)
       timeout 200 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
-        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse padded:fresh \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 5 --attention sdpa --variants packed:reuse padded:fresh \
         --profile --phases --out "$OUT/trainer_bench_cuda_1.5b_packed.json" 2>&1 | grep -v -i warn | tail -42 ;;
     trainer-before)  # the A/B's before: Megatron's per-tensor fallbacks and foreach AdamW, fp32 log-probs, unfused SwiGLU
       timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
-        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 5 --attention sdpa --variants packed:reuse --phases \
         --megatron-fallbacks --fp32-logprobs --megatron-override bias_activation_fusion=false \
         --out "$OUT/trainer_bench_cuda_1.5b_before.json" 2>&1 | grep -v -i warn | tail -3 ;;
     trainer-fp32lp)  # attribution: everything on but the one-pass log-prob kernel
       timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
-        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 5 --attention sdpa --variants packed:reuse --phases \
         --fp32-logprobs --out "$OUT/trainer_bench_cuda_1.5b_fp32lp.json" 2>&1 | grep -v -i warn | tail -3 ;;
     trainer-unfused)  # attribution: everything on but the fused SwiGLU
       timeout 150 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
-        --seqs-per-microbatch 4 --microbatches 2 --steps 3 --attention sdpa --variants packed:reuse --phases \
+        --seqs-per-microbatch 4 --microbatches 2 --steps 5 --attention sdpa --variants packed:reuse --phases \
         --megatron-override bias_activation_fusion=false \
         --out "$OUT/trainer_bench_cuda_1.5b_unfused.json" 2>&1 | grep -v -i warn | tail -3 ;;
     delta)

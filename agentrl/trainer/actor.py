@@ -266,7 +266,8 @@ class MegatronTrainer:
             from agentrl.trainer.attention import packed_seq_params
 
             out = model(mb.packed.tokens, mb.packed.position_ids, None,
-                        packed_seq_params=packed_seq_params(mb.packed), **kwargs)
+                        packed_seq_params=packed_seq_params(mb.packed, host_cu_seqlens=self.attention != "te"),
+                        **kwargs)
         else:
             # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
             mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None

@@ -32,10 +32,15 @@ class PackedSegments(PackedSeqParams):
     width: int = 0
 
 
-def packed_seq_params(layout: Any) -> PackedSegments:
-    """:class:`PackedSegments` for a :class:`~agentrl.trainer.batch.PackedLayout`."""
+def packed_seq_params(layout: Any, host_cu_seqlens: bool = False) -> PackedSegments:
+    """:class:`PackedSegments` for a :class:`~agentrl.trainer.batch.PackedLayout`. ``host_cu_seqlens``: pass
+    the host copy of the sequence boundaries, where only RoPE reads them (SDPA attends through
+    ``flat_index``): Megatron's thd RoPE takes the lengths with ``.tolist()`` for q and k in every layer,
+    which on device tensors was a device sync each time (56 per micro-batch at 28 layers: the forward
+    ran in lock-step with the host). TransformerEngine's attention needs them on the device."""
+    cu = layout.cu_seqlens_host if host_cu_seqlens and layout.cu_seqlens_host is not None else layout.cu_seqlens
     return PackedSegments(
-        qkv_format="thd", cu_seqlens_q=layout.cu_seqlens, cu_seqlens_kv=layout.cu_seqlens,
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
         max_seqlen_q=layout.max_seqlen, max_seqlen_kv=layout.max_seqlen,
         flat_index=layout.flat_index, rows=layout.rows, width=layout.width,
     )

@@ -73,6 +73,9 @@ class PackedLayout:
     interior: torch.Tensor  # [T - b] long
     rows: int
     width: int
+    # cu_seqlens as built, on the host: Megatron's thd RoPE reads the lengths with .tolist() in every
+    # layer, a device sync each time if they live on the GPU (see attention.packed_seq_params)
+    cu_seqlens_host: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> PackedLayout:
         for name in ("tokens", "position_ids", "cu_seqlens", "flat_index", "interior"):
@@ -186,7 +189,7 @@ def pack_layout(lengths: Sequence[int], tokens: torch.Tensor) -> PackedLayout:
         tokens=tokens.reshape(-1)[flat_index][None],
         position_ids=(flat_index % width)[None],
         cu_seqlens=cu, max_seqlen=int(lens.max()), flat_index=flat_index,
-        interior=(~starts).nonzero().squeeze(1), rows=b, width=width,
+        interior=(~starts).nonzero().squeeze(1), rows=b, width=width, cu_seqlens_host=cu,
     )
 
 

@@ -47,6 +47,18 @@ def test_layout_is_the_real_tokens_end_to_end_with_positions_restarting(lengths)
     assert layout.max_seqlen == width and layout.tokens.shape[1] == sum(lengths)
 
 
+def test_rope_reads_the_sequence_boundaries_from_the_host_copy():
+    """Megatron's thd RoPE calls .tolist() on cu_seqlens in every layer: on a device copy that is a device
+    sync per call. The SDPA backend hands it the host copy (TE's attention needs the device one)."""
+    from agentrl.trainer.attention import packed_seq_params
+
+    layout = pack_layout([3, 5], torch.arange(10).reshape(2, 5)).to("meta")  # "meta" stands for the GPU
+    host = packed_seq_params(layout, host_cu_seqlens=True)
+    assert host.cu_seqlens_q.device.type == host.cu_seqlens_kv.device.type == "cpu"
+    assert host.cu_seqlens_q.tolist() == [0, 3, 8]
+    assert packed_seq_params(layout).cu_seqlens_q.device.type == "meta" and host.flat_index.device.type == "meta"
+
+
 def test_unpack_puts_shifted_values_where_the_padded_layout_has_them():
     samples = synthetic_samples(n_groups=2, per_group=3, seed=3)
     mb = collate(samples, list(range(len(samples))), packed=True)
