@@ -157,6 +157,26 @@ def test_credit_rule_trains_only_above_average_episodes():
     assert out[0] is samples[0] and samples[1]["loss_mask"] == [0, 1, 1]  # inputs untouched
 
 
+def test_credit_rule_gives_no_credit_to_a_write_that_a_later_write_replaced():
+    from agentrl.trainer.actor import _narrowed
+    from examples.coding_agent.credit import train_above_average_only_without_superseded_writes as rule
+
+    # prompt [0, 4), then turns: write (model 4-6), tool result, run_tests (7-8), result, write (10-11), submit (13)
+    provenance = [[0, 4, "prompt", 0, None], [4, 6, "model", 0, "0"], [6, 7, "context", 1, None],
+                  [7, 8, "model", 1, "0"], [8, 10, "context", 2, None], [10, 12, "model", 2, "0"],
+                  [12, 13, "context", 3, None], [13, 14, "model", 3, "0"]]
+    calls = [["write"], ["run_tests"], ["write"], ["submit"]]
+    metadata = {"turns": [0, 1, 2, 3], "turn_metadata": [{"tool_calls": c} for c in calls]}
+    mask = [1, 1, 0, 1, 0, 0, 1, 1, 0, 1]  # response tokens 4..13
+    repaired = {"response_start": 4, "loss_mask": mask, "provenance": provenance, "metadata": metadata, "reward": 1.0}
+    single = {**repaired, "metadata": {"turns": [0, 1], "turn_metadata": [{"tool_calls": ["write"]},
+                                                                           {"tool_calls": ["submit"]}]}}
+    samples = [repaired, single, {**repaired, "reward": 0.0}]
+    out = _narrowed(samples, rule(samples, [0.9, 0.4, -0.9]))
+    assert [s["loss_mask"] for s in out] == [[0, 0, 0, 1, 0, 0, 1, 1, 0, 1], mask, [0] * 10]
+    assert repaired["loss_mask"] == mask  # inputs untouched
+
+
 def test_reference_bodies_pass_their_hidden_tests_and_examples():
     """Every operation's reference (run here on the host: it is our own template code) passes its
     visible example and all hidden tests, for many seeds of both levels."""
