@@ -7,7 +7,8 @@ Triton program per position streams its row of logits once (online max, sum of e
 of ``exp(z) * z``), giving the target's log-prob, the entropy and the log-normaliser; the backward
 streams the row again and writes the logits' gradient, ``(onehot - softmax) * grad / temperature``, in
 the logits' dtype. Same functions, computed in fp32 from the same bf16 values, in another order: equal
-to fp32 rounding (tests/trainer/test_fused_logprobs.py; the trainer's loss tests bound the rest).
+to fp32 rounding, the gradient within one bf16 rounding (tests/trainer/test_fused_logprobs.py, on CUDA;
+tests/trainer/test_packing.py runs the trainer through it there).
 
 Used by :class:`~agentrl.trainer.actor.MegatronTrainer` on CUDA with one tensor-parallel rank when the
 entropy carries no gradient (``entropy_coef == 0``); elsewhere the fp32 path runs. Triton is imported
