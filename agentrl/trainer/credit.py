@@ -30,6 +30,17 @@ def _runs(provenance: Any) -> list[Sequence[Any]]:
     return provenance.to_list() if hasattr(provenance, "to_list") else list(provenance)
 
 
+def withhold_turns(sample: Any, turns: set[int]) -> Any:
+    """``sample`` with no loss on the model tokens of ``turns`` (the rest of its loss mask unchanged)."""
+    start = int(sample_field(sample, "response_start"))
+    mask = list(sample_field(sample, "loss_mask"))
+    for run_start, run_end, source, turn, *_ in _runs(sample_field(sample, "provenance")):
+        if source == MODEL and turn in turns:
+            for i in range(max(run_start, start), run_end):
+                mask[i - start] = 0
+    return replace_loss_mask(sample, mask)
+
+
 def withhold_positive_credit_from_ill_formed_turns(samples: Sequence[Any], advantages: Sequence[float]) -> list[Any]:
     """Untrain the turns with an ill-formed tool call in samples whose advantage is positive.
 
@@ -46,11 +57,5 @@ def withhold_positive_credit_from_ill_formed_turns(samples: Sequence[Any], advan
         if advantage <= 0 or not bad:
             out.append(sample)
             continue
-        start = int(sample_field(sample, "response_start"))
-        mask = list(sample_field(sample, "loss_mask"))
-        for run_start, run_end, source, turn, *_ in _runs(sample_field(sample, "provenance")):
-            if source == MODEL and turn in bad:
-                for i in range(max(run_start, start), run_end):
-                    mask[i - start] = 0
-        out.append(replace_loss_mask(sample, mask))
+        out.append(withhold_turns(sample, bad))
     return out

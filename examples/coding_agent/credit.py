@@ -16,12 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.trainer.batch import sample_field
-from agentrl.trainer.credit import replace_loss_mask
-from agentrl.trajectory.provenance import MODEL
-
-
-def _runs(provenance: Any) -> list[Sequence[Any]]:
-    return provenance.to_list() if hasattr(provenance, "to_list") else list(provenance)
+from agentrl.trainer.credit import replace_loss_mask, withhold_turns
 
 
 def train_above_average_only(samples: Sequence[Any], advantages: Sequence[float]) -> list[Any]:
@@ -53,16 +48,7 @@ def train_above_average_only_without_superseded_writes(samples: Sequence[Any], a
     first (a probe from the repair warm model: held-out 0.203 -> 0.094 in 5 steps). The run_tests turn after
     it and the fix keep their credit."""
     out = []
-    for sample, kept in zip(samples, train_above_average_only(samples, advantages), strict=True):
+    for kept in train_above_average_only(samples, advantages):
         superseded = _superseded_write_turns(kept) if any(sample_field(kept, "loss_mask")) else set()
-        if not superseded:
-            out.append(kept)
-            continue
-        start = int(sample_field(sample, "response_start"))
-        mask = list(sample_field(kept, "loss_mask"))
-        for run_start, run_end, source, turn, *_ in _runs(sample_field(sample, "provenance")):
-            if source == MODEL and turn in superseded:
-                for i in range(max(run_start, start), run_end):
-                    mask[i - start] = 0
-        out.append(replace_loss_mask(kept, mask))
+        out.append(withhold_turns(kept, superseded) if superseded else kept)
     return out
