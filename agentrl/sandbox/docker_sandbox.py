@@ -59,6 +59,7 @@ class DockerSandbox(ExecutorSandbox):
         self.name = f"agentrl-sb-{uuid.uuid4().hex[:12]}"
         self.volume_name = f"{self.name}-work"
         self.container_id: str | None = None
+        self._create_sent = False  # a create whose answer was lost may still have made the container
         self.start_s: float | None = None  # how long start() took (container + executor)
         self._labels = sandbox_labels(role, dict(labels or {}))
         self._ro_mounts = dict(read_only_mounts or {})
@@ -103,6 +104,7 @@ class DockerSandbox(ExecutorSandbox):
                     security_opt=["no-new-privileges"], mem_limit=lim.memory_bytes, shm_size=lim.tmp_bytes,
                     memswap_limit=lim.memory_bytes, nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids,
                     tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_bytes},mode=1777"}, mounts=mounts)
+                self._create_sent = True
                 created = api.create_container(
                     self.image, command=["sleep", "infinity"], user=KEEPALIVE_USER, working_dir="/work",
                     labels=self._labels, host_config=host_config, name=self.name, network_disabled=True,
@@ -129,9 +131,11 @@ class DockerSandbox(ExecutorSandbox):
 
     def _remove(self) -> None:
         api = self.docker.api
-        if self.container_id is not None:
-            _remove_or_defer(api, "container", self.container_id)
+        if self.container_id is not None or self._create_sent:
+            # By name when the create's answer was lost (the engine went away mid-request).
+            _remove_or_defer(api, "container", self.container_id or self.name)
             self.container_id = None
+            self._create_sent = False
         _remove_or_defer(api, "volume", self.volume_name)
         untrack(self)
         remove_deferred()  # the engine answers again (or still does): what an outage left can go now

@@ -74,6 +74,11 @@ class SandboxPool:
         self._all: set[Sandbox] = set()
         self._uses: dict[int, int] = {}
         self._lock = threading.Lock()
+        # Sandboxes being made right now (warm-up, replacements, retries) and retries not yet due:
+        # close() waits for the first and cancels the second, so no container outlives the pool.
+        self._creating = 0
+        self._created_or_failed = threading.Condition(self._lock)
+        self._retries: set[threading.Timer] = set()
         self._closed = False
         self._started = False
         self._async_sem: asyncio.Semaphore | None = None
@@ -123,20 +128,39 @@ class SandboxPool:
                 log.warning("closing %r failed: %s", sb, exc)
 
     def _new_sandbox(self) -> Sandbox:
-        sb = self._factory()
-        sb.start()
         with self._lock:
             if self._closed:
+                raise SandboxError("pool is closed")
+            self._creating += 1
+        try:
+            sb = self._factory()
+            sb.start()
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._all.add(sb)
+                    self.stats.created += 1
+            if closed:
                 sb.close()
-                raise SandboxError("pool closed while warming")
-            self._all.add(sb)
-            self.stats.created += 1
-        return sb
+                raise SandboxError("pool closed while a sandbox was being made")
+            return sb
+        finally:
+            with self._lock:
+                self._creating -= 1
+                self._created_or_failed.notify_all()
 
-    def close(self) -> None:
-        """Close every sandbox, idle or handed out; safe to call twice."""
+    def close(self, wait_s: float = 120.0) -> None:
+        """Close every sandbox, idle or handed out, once the ones being made (up to ``wait_s`` s) are made
+        and closed; safe to call twice."""
         with self._lock:
             self._closed = True
+            retries, self._retries = list(self._retries), set()
+        for timer in retries:
+            timer.cancel()
+        with self._lock:
+            if not self._created_or_failed.wait_for(lambda: self._creating == 0, wait_s):
+                log.warning("%d sandbox(es) still being made %.0f s after close(); they close when made",
+                            self._creating, wait_s)
             sandboxes, self._all = list(self._all), set()
         for sb in sandboxes:
             try:
@@ -231,7 +255,9 @@ class SandboxPool:
         self.stats.replaced += 1
         self._idle.put(new)
 
-    def _refill_one(self) -> None:
+    def _refill_one(self, timer: threading.Timer | None = None) -> None:
+        with self._lock:
+            self._retries.discard(timer)
         if self._closed:
             return
         try:
@@ -242,8 +268,12 @@ class SandboxPool:
             self._retry_later(5.0)
 
     def _retry_later(self, delay_s: float) -> None:
-        timer = threading.Timer(delay_s, self._refill_one)
+        timer = threading.Timer(delay_s, lambda: self._refill_one(timer))
         timer.daemon = True  # a dead engine must not keep the interpreter from exiting
+        with self._lock:
+            if self._closed:
+                return
+            self._retries.add(timer)
         timer.start()
 
     @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -303,3 +304,77 @@ def test_async_calls_run_in_a_bounded_thread_pool():
     assert peak == 2
     with pytest.raises(ValueError):
         blocking.configure(0)
+
+
+class _GatedSandbox:
+    """A sandbox whose start() waits for ``gate`` (a create the engine is slow to answer)."""
+
+    def __init__(self, gate, fail):
+        self.gate, self.fail = gate, fail
+        self.started = self.closed = False
+        self.alive = True
+
+    def start(self):
+        self.gate.wait(10)
+        if self.fail():
+            raise RuntimeError("Connection aborted")  # as the docker client says while dockerd is down
+        self.started = True
+
+    def close(self):
+        self.closed = True
+
+    def healthy(self):
+        return self.alive
+
+
+def test_pool_close_waits_for_a_sandbox_being_made_and_closes_it():
+    """A replacement still being made when the pool closes (the retry after an engine outage) is closed
+    before close() returns: nothing outlives the pool -- the dockerd-restart test's leak."""
+    from agentrl.sandbox.pool import SandboxPool
+
+    gate, made, engine_down = threading.Event(), [], {"down": False}
+    gate.set()
+
+    def factory():
+        made.append(_GatedSandbox(gate, lambda: engine_down["down"]))
+        return made[-1]
+
+    pool = SandboxPool(size=1, factory=factory).start()
+    sb = pool.acquire(timeout=1)
+    sb.alive, engine_down["down"] = False, True
+    pool.release(sb)  # the replacement fails; a retry is due in 1 s
+    assert sb.closed and len(made) == 2 and not made[1].started
+    gate.clear()
+    engine_down["down"] = False
+    deadline = time.monotonic() + 5
+    while len(made) < 3 and time.monotonic() < deadline:  # the retry has begun to make one
+        time.sleep(0.01)
+    assert len(made) == 3
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive()  # waiting for the sandbox being made
+    gate.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert made[2].started and made[2].closed
+
+
+def test_pool_close_cancels_a_retry_not_yet_due():
+    from agentrl.sandbox.pool import SandboxPool
+
+    gate, made, engine_down = threading.Event(), [], {"down": False}
+    gate.set()
+
+    def factory():
+        made.append(_GatedSandbox(gate, lambda: engine_down["down"]))
+        return made[-1]
+
+    pool = SandboxPool(size=1, factory=factory).start()
+    sb = pool.acquire(timeout=1)
+    sb.alive, engine_down["down"] = False, True
+    pool.release(sb)
+    pool.close()
+    engine_down["down"] = False
+    time.sleep(1.5)  # past the retry's 1 s
+    assert len(made) == 2 and all(not s.started or s.closed for s in made)
