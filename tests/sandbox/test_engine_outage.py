@@ -129,3 +129,32 @@ def test_a_grade_that_gets_no_grading_sandbox_in_time_is_a_sandbox_error():
                 grader.grade({"solution.py": "x = 1\n"}, {"test_solution.py": "def test_x():\n    pass\n"})
         finally:
             grader.pool.release(held)
+
+
+class AnswerLost:
+    """The engine's API for one sandbox whose create request the engine carries out but whose answer the
+    client never gets (the daemon goes away between the two)."""
+
+    def __init__(self, api) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._api, name)
+        if name == "create_container":
+            def lost(*args, **kwargs):
+                attr(*args, **kwargs)
+                raise requests.exceptions.ConnectionError("Connection aborted (answer lost)")
+            return lost
+        return attr
+
+
+def test_a_container_created_whose_answer_was_lost_is_removed_by_name():
+    from agentrl.sandbox.base import SandboxError
+    from agentrl.sandbox.docker_client import docker_client
+
+    label = uuid.uuid4().hex
+    real = docker_client()
+    sb = DockerSandbox(labels={"agentrl.test": label}, client=ClientWith(real, AnswerLost(real.api)))
+    with pytest.raises(SandboxError, match="answer lost"):
+        sb.start()
+    assert _ours(real.api, label) == ([], [])  # the engine made it; start() removed it by its name
