@@ -140,6 +140,83 @@ def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: st
             "ttft_max_s": ttft, "per_token_p50_s": (wall - ttft) / max(new_tokens - 1, 1), "cold_seconds": cold}
 
 
+def _timed(fn, acc: dict, key: str, sync):
+    def wrapped(*a, **k):
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        sync()
+        acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+        acc[key + "_calls"] = acc.get(key + "_calls", 0) + 1
+        return out
+    return wrapped
+
+
+def profile_engine(args, engine, shape: str, concurrency: int, vocab: int, sync, out_dir: Path | None) -> dict:
+    """Where one decode iteration's time goes at ``concurrency``: the worker's phases (each synchronized
+    with the device, so device time lands in the phase that launched it), the captured steps' replay time
+    alone (CUDA events, no host work between replays), and a torch.profiler table of a short run."""
+    import torch
+
+    sched, runner = engine.scheduler, engine.runner
+    result: dict = {"shape": shape, "concurrency": concurrency, "fused_sampling": runner.fused_sampling}
+    engine_run(engine, prompts_for(concurrency, args.prompt_len, vocab, seed=20_000 + concurrency), 4, sync)
+    acc: dict = {}
+    originals = {name: getattr(sched, name) for name in ("_admit", "_decode_step", "_sample", "_append_token",
+                                                         "_finish_done")}
+    r_originals = {name: getattr(runner, name) for name in ("decode", "decode_sample")}
+    for name, fn in originals.items():
+        setattr(sched, name, _timed(fn, acc, name, sync if name != "_append_token" else (lambda: None)))
+    for name, fn in r_originals.items():
+        setattr(runner, name, _timed(fn, acc, "runner." + name, sync))
+    try:
+        r = engine_run(engine, prompts_for(concurrency, args.prompt_len, vocab, seed=concurrency), args.new_tokens, sync)
+    finally:
+        for name in originals:
+            delattr(sched, name)
+        for name in r_originals:
+            delattr(runner, name)
+    steps = acc.get("_decode_step_calls", 1)
+    result["run"] = r
+    result["per_step_ms"] = {k: 1e3 * v / steps for k, v in acc.items() if not k.endswith("_calls")}
+    result["calls"] = {k: v for k, v in acc.items() if k.endswith("_calls")}
+    # the captured steps alone
+    replays = {}
+    for key, step in list(runner._graphs.items()):
+        if step.get("graph") is None:
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            snapshot = [t.clone() for t in (step["ids"], step["positions"], step["column"])]
+        for _ in range(3):
+            step["graph"].replay()
+        times = []
+        for _ in range(20):
+            start.record()
+            step["graph"].replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        with torch.inference_mode():
+            for t, v in zip((step["ids"], step["positions"], step["column"]), snapshot, strict=True):
+                t.copy_(v)
+        step.pop("state", None)  # inputs rewritten at the next use
+        replays[f"bucket{key[0]}_{'fused' if key[2] else 'logits'}"] = sorted(times)[len(times) // 2]
+    result["replay_ms"] = replays
+    if out_dir is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine_run(engine, prompts_for(concurrency, args.prompt_len, vocab, seed=30_000 + concurrency), 16, sync)
+        tag = f"{shape} c={concurrency} {'fused' if runner.fused_sampling else 'logits'} (16-token run)"
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+        with (out_dir / "profile_tables.txt").open("a") as f:
+            f.write(f"==== {tag}\n{table}\n")
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        result["profile_kernel_ms_total"] = sum(e.device_time for e in kernels) / 1e3 if kernels else None
+    print(json.dumps({"profile": result}), flush=True)
+    return result
+
+
 def bench_shape(args, shape: str, root: Path) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -155,6 +232,7 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
         engine = Engine(EngineConfig(str(model_dir), dtype=args.dtype, device=args.device,
                                      max_batch_size=max(args.concurrency), max_prefill_tokens=args.max_prefill_tokens,
                                      prefix_cache_tokens=0, static_kv=mode == "static"))
+        engine.runner.fused_sampling = not args.no_fused_sampling
         engine.start()
         try:
             engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
@@ -164,8 +242,15 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                     warm = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=10_000 + c), 4, sync)["seconds"]
                 r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
                 rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
-                             "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed})
+                             "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed,
+                             "fused_sampling": engine.runner.fused_sampling})
                 print(json.dumps(rows[-1]), flush=True)
+            for c in args.profile:
+                for fused in (True, False):
+                    engine.runner.fused_sampling = fused
+                    args.profiles.append(profile_engine(args, engine, shape, c, vocab, sync,
+                                                        Path(args.out).parent if args.device == "cuda" else None))
+                engine.runner.fused_sampling = True
         finally:
             engine.shutdown()
         del engine
@@ -203,12 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
                    help="before each timed engine run, an untimed 4-token run at that concurrency (captures its "
                         "CUDA graphs, as the HF static anchor is timed after an untimed call); --no-warm: cold")
+    p.add_argument("--profile", nargs="*", type=int, default=[],
+                   help="after the timed rows, per-phase timings of a decode iteration at these concurrencies, "
+                        "with and without sampling in the captured step (and torch.profiler tables on cuda)")
+    p.add_argument("--no-fused-sampling", action="store_true", help="engine: sample on the host side (the old path)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.max_prefill_tokens = args.max_prefill_tokens or (32768 if args.device == "cuda" else 8192)
     args.hf_shapes = args.hf_shapes or args.shapes
+    args.profiles = []
     import torch
 
     if args.threads:
@@ -234,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e3 * r['ttft_p50_s']:>11.1f} {1e3 * r['ttft_max_s']:>11.1f} {1e3 * r['per_token_p50_s']:>9.2f}")
     result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": args.dtype,
               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-              "max_prefill_tokens": args.max_prefill_tokens, "torch": torch.__version__, "rows": rows}
+              "max_prefill_tokens": args.max_prefill_tokens, "torch": torch.__version__, "rows": rows,
+              "profiles": args.profiles}
     import transformers
 
     result["transformers"] = transformers.__version__

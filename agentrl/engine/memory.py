@@ -78,4 +78,7 @@ def resume(engine: Engine, tags: set[str]) -> None:
             for name, p in engine.runner.model.named_parameters():
                 p.data = engine._offloaded[name].to(device)
             engine._offloaded = None
+        moved = getattr(engine.runner, "weights_moved", None)
+        if moved is not None:  # captured decode steps read the old parameter memory
+            moved()
     engine.memory_released -= tags

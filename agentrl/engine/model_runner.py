@@ -108,6 +108,7 @@ class StaticBatchKV:
         self.lengths: list[int] = []
         self.width = 0
         self.generation = 0
+        self.version = 0  # bumped by every change other than a decode step's (rows, columns, buffers)
         self._initial = (rows, columns)  # allocated when the first rows join: an empty batch holds no memory
 
     # -- storage ------------------------------------------------------------------------------------
@@ -125,6 +126,7 @@ class StaticBatchKV:
                 new[:n, :, :w] = old[:n, :, :w]
         self.keys, self.values = keys, values
         self.generation = next(_GENERATIONS)
+        self.version += 1
 
     @property
     def rows(self) -> int:
@@ -139,6 +141,7 @@ class StaticBatchKV:
         import torch
 
         n, w = len(self.lengths), self.width
+        self.version += 1
         if n == 0:
             self.width = 0
             return
@@ -180,6 +183,7 @@ class StaticBatchKV:
                 for buf in (*self.keys, *self.values):
                     buf[: len(rows)] = buf.index_select(0, idx)
         self.lengths = [self.lengths[i] for i in rows]
+        self.version += 1
         if not rows:
             self.width = 0
         return self
@@ -197,13 +201,31 @@ class StaticBatchKV:
         elif width > self.width:
             self._shift(width - self.width)
         n = len(self.lengths)
+        block = getattr(kvs, "block", None)
         with torch.inference_mode():
-            for j, kv in enumerate(kvs):
-                for li, (k, v) in enumerate(kv):
-                    self.keys[li][n + j, :, width - new[j] : width] = k
-                    self.values[li][n + j, :, width - new[j] : width] = v
+            if block is not None:  # every row right-aligned in one padded block: one copy per layer
+                b, cols = len(kvs), block[0][0].shape[2]
+                for li, (k, v) in enumerate(block):
+                    self.keys[li][n : n + b, :, width - cols : width] = k
+                    self.values[li][n : n + b, :, width - cols : width] = v
+            else:
+                for j, kv in enumerate(kvs):
+                    for li, (k, v) in enumerate(kv):
+                        self.keys[li][n + j, :, width - new[j] : width] = k
+                        self.values[li][n + j, :, width - new[j] : width] = v
         self.lengths = [*self.lengths, *new]
+        self.version += 1
         return self
+
+
+class PrefillKV(list):
+    """Each prefilled sequence's KV (a ``list`` of :data:`KV`, views into the prefill's padded cache) and,
+    when no sequence had a cached past, that padded cache itself (``block``: per layer ``(k, v)``
+    ``[B, kv_heads, N, head_dim]``, row ``b``'s tokens in its last columns): :meth:`StaticBatchKV.extend`
+    then copies each layer in one go instead of one copy per row and layer. Columns left of a row's
+    tokens hold its padding queries' finite K/V, which the decode mask hides."""
+
+    block: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _static_cache(keys: list[torch.Tensor], values: list[torch.Tensor], column: torch.Tensor):
@@ -352,7 +374,10 @@ class ModelRunner:
         self._graphs: dict[tuple[int, int], Any] = {}  # (bucket, buffer generation) -> captured step
         self._graph_pool = None
         self._graph_failed = False
-        self._weights_key: tuple[int, ...] | None = None
+        self._weights_key: tuple[int, ...] = (0, 0)
+        self._param_list: list[Any] | None = None
+        # decode steps on CUDA graphs draw their tokens inside the graph (decode_sample)
+        self.fused_sampling = True
 
     def release_static(self) -> None:
         """Drop the captured decode steps (and with them the last references to old KV buffers)."""
@@ -420,14 +445,19 @@ class ModelRunner:
                 logits_to_keep=1,
                 **{self._cache_arg: cache},
             )
-        kvs: list[KV] = []
+        kvs = PrefillKV()
         full = [(la.keys, la.values) for la in cache.layers]
         for b, (p, n) in enumerate(zip(pasts, news, strict=True)):
-            kvs.append([
-                (torch.cat([k[b, :, P - p : P], k[b, :, P + N - n :]], dim=1),
-                 torch.cat([v[b, :, P - p : P], v[b, :, P + N - n :]], dim=1))
-                for k, v in full
-            ])
+            if p == 0:  # the row's tokens are one span of the padded cache: views, no copies
+                kvs.append([(k[b, :, P + N - n :], v[b, :, P + N - n :]) for k, v in full])
+            else:
+                kvs.append([
+                    (torch.cat([k[b, :, P - p : P], k[b, :, P + N - n :]], dim=1),
+                     torch.cat([v[b, :, P - p : P], v[b, :, P + N - n :]], dim=1))
+                    for k, v in full
+                ])
+        if P == 0:
+            kvs.block = full
         return out.logits[:, -1], kvs
 
     def decode(self, batch: BatchKV | StaticBatchKV, tokens: list[int]) -> tuple[torch.Tensor, BatchKV | StaticBatchKV]:
@@ -480,16 +510,77 @@ class ModelRunner:
         batch.width = width + 1
         return step["logits"][:n], batch
 
-    def _static_step(self, batch: StaticBatchKV, bucket: int) -> dict[str, Any]:
-        """The decode step for ``bucket`` rows over ``batch``'s buffers: static inputs, and a CUDA graph of it
-        when graphs are on (captured on first use; dropped when buffers or weights move)."""
+    def decode_sample(self, batch: BatchKV | StaticBatchKV, tokens: list[int], params: list[Any],
+                      generators: list[Any]) -> tuple[list[int], list[float]] | None:
+        """One decode step with the next token drawn and its log-prob taken inside the captured graph
+        (``sampling.sample_next``'s policy: log-prob at the row's temperature, 1 for greedy rows); the
+        step's inputs stay on the device between steps (the graph feeds its own tokens back and advances
+        positions and the column), so a step is one replay and one device-to-host copy of ``2 x rows``
+        numbers. ``None`` where that does not apply (no CUDA graphs, seeded rows, top-k/top-p/min-p
+        filters): the caller then runs :meth:`decode` and samples the logits itself."""
+        from agentrl.engine.sampling import fusable
+
+        if not (self.fused_sampling and self.cuda_graphs and not self._graph_failed
+                and isinstance(batch, StaticBatchKV) and fusable(params, generators, self.vocab_size)):
+            return None
         import torch
 
-        weights_key = tuple(p.data_ptr() for p in self.model.parameters())
-        if weights_key != self._weights_key:  # memory released/resumed: parameters moved
-            self._graphs.clear()
-            self._weights_key = weights_key
-        key = (bucket, batch.generation)
+        n = len(tokens)
+        bucket = decode_bucket(n)
+        batch.reserve(bucket)
+        width = batch.width
+        step = self._static_step(batch, bucket, fused=True)
+        temps = [1.0 if p.greedy else float(p.temperature) for p in params]
+        greedy = [bool(p.greedy) for p in params]
+        state = (id(batch), batch.generation, batch.version, width, tokens, temps, greedy)
+        fresh = step["graph"] is None
+        if fresh:
+            self._write_fused_inputs(step, batch, tokens, temps, greedy)
+            self._capture(step)  # its eager warm-up writes column ``width`` only and advances the inputs
+            if step["graph"] is None:  # capture failed: the eager path takes over
+                return None
+        if fresh or step.get("state") != state:
+            self._write_fused_inputs(step, batch, tokens, temps, greedy)
+        with torch.inference_mode():
+            step["graph"].replay()
+            step["host"].copy_(step["out"], non_blocking=step["done"] is not None)
+            if step["done"] is not None:
+                step["done"].record()
+        if step["done"] is not None:
+            step["done"].synchronize()
+        out = step["host"][:, :n].tolist()
+        new_tokens = [int(t) for t in out[0]]
+        batch.lengths = [length + 1 for length in batch.lengths]
+        batch.width = width + 1
+        # what the device holds for the next step if nothing about the batch changes
+        step["state"] = (id(batch), batch.generation, batch.version, width + 1, new_tokens, temps, greedy)
+        return new_tokens, out[1]
+
+    def _write_fused_inputs(self, step: dict[str, Any], batch: StaticBatchKV, tokens: list[int], temps: list[float],
+                            greedy: list[bool]) -> None:
+        import torch
+
+        bucket, n = step["ids"].shape[0], len(tokens)
+        pad = bucket - n
+        with torch.inference_mode():
+            ints = torch.tensor([tokens + [0] * pad, batch.lengths + [0] * pad], dtype=torch.long)
+            floats = torch.tensor([temps + [1.0] * pad, [float(g) for g in greedy] + [1.0] * pad], dtype=torch.float32)
+            step["ids"].copy_(ints[0].unsqueeze(1), non_blocking=False)
+            step["positions"].copy_(ints[1].unsqueeze(1), non_blocking=False)
+            step["column"].fill_(batch.width)
+            step["temps"].copy_(floats[0])
+            step["greedy"].copy_(floats[1] > 0.5)
+
+    def _static_step(self, batch: StaticBatchKV, bucket: int, *, fused: bool = False) -> dict[str, Any]:
+        """The decode step for ``bucket`` rows over ``batch``'s buffers: static inputs, and a CUDA graph of it
+        when graphs are on (captured on first use; dropped when buffers or weights move). ``fused``: the
+        step of :meth:`decode_sample` (mask from positions and column, sampling, inputs advanced in place)."""
+        import torch
+
+        params = self._param_list
+        if params is None or params[0].data_ptr() != self._weights_key[0] or params[-1].data_ptr() != self._weights_key[1]:
+            self.weights_moved()
+        key = (bucket, batch.generation, fused)
         if key in self._graphs:
             return self._graphs[key]
         for old in [k for k in self._graphs if k[1] != batch.generation]:
@@ -500,9 +591,21 @@ class ModelRunner:
                 "ids": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
                 "positions": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
                 "column": torch.zeros(1, dtype=torch.long, device=dev),
-                "mask": torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev),
                 "graph": None,
             }
+            if fused:
+                step.update(
+                    temps=torch.ones(bucket, dtype=torch.float32, device=dev),
+                    greedy=torch.zeros(bucket, dtype=torch.bool, device=dev),
+                    cols=torch.arange(batch.columns, device=dev),
+                    out=torch.zeros((2, bucket), dtype=torch.float64, device=dev),
+                    host=torch.zeros((2, bucket), dtype=torch.float64, pin_memory=dev.type == "cuda"),
+                    done=torch.cuda.Event() if dev.type == "cuda" else None,
+                    blocked=torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev),
+                    open=torch.zeros((), dtype=self.dtype, device=dev),
+                )
+            else:
+                step["mask"] = torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev)
         cache = _static_cache([k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values], step["column"])
 
         def run() -> torch.Tensor:
@@ -510,10 +613,37 @@ class ModelRunner:
                              use_cache=True, **{self._cache_arg: cache})
             return out.logits[:, -1]
 
+        def run_fused() -> torch.Tensor:
+            positions, column, cols = step["positions"], step["column"], step["cols"]
+            # row i sees its own span and the new column; idle rows (length 0) only the new column
+            allowed = (cols.unsqueeze(0) >= column - positions) & (cols.unsqueeze(0) <= column)
+            mask = torch.where(allowed, step["open"], step["blocked"])[:, None, None, :]
+            out = self.model(input_ids=step["ids"], attention_mask=mask, position_ids=positions,
+                             use_cache=True, **{self._cache_arg: cache})
+            logits = out.logits[:, -1].float()
+            logprobs = torch.log_softmax(logits / step["temps"].unsqueeze(1), dim=-1)
+            # inverse-CDF draw, as sampling.sample_next (one uniform per row, right=True)
+            cdf = logprobs.exp().cumsum(dim=-1)
+            u = torch.rand((bucket, 1), device=logits.device, dtype=cdf.dtype)
+            drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+            chosen = torch.where(step["greedy"], logits.argmax(dim=-1), drawn)
+            step["out"][0].copy_(chosen)
+            step["out"][1].copy_(logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1))
+            step["ids"].copy_(chosen.unsqueeze(1))
+            positions.add_(1)
+            column.add_(1)
+            return step["out"]
+
         step["run"] = lambda: step.__setitem__("logits", run())
-        step["forward"] = run
+        step["forward"] = run_fused if fused else run
         self._graphs[key] = step
         return step
+
+    def weights_moved(self) -> None:
+        """The parameters' storage may have moved (memory released/resumed): drop the captured steps."""
+        self._graphs.clear()
+        self._param_list = list(self.model.parameters())
+        self._weights_key = (self._param_list[0].data_ptr(), self._param_list[-1].data_ptr())
 
     def _capture(self, step: dict[str, Any]) -> None:
         import logging

@@ -51,7 +51,18 @@ def sample_next(
         tokens[idx] = drawn.clamp_(max=probs.shape[-1] - 1)
 
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    return tokens.tolist(), chosen.tolist()
+    # one device-to-host copy (token ids are exact in float64)
+    host = torch.stack((tokens.double(), chosen.double())).tolist()
+    return [int(t) for t in host[0]], host[1]
+
+
+def fusable(params: list[SamplingParams], generators: list[torch.Generator | None], vocab: int) -> bool:
+    """Whether every row samples as plain temperature (or greedy) sampling from the default generator: what
+    the runner's captured decode step draws itself (``ModelRunner.decode_sample``). Filters (top-k, top-p,
+    min-p) and seeded rows go through :func:`sample_next`."""
+    if any(g is not None for g in generators):
+        return False
+    return all(p.greedy or ((p.top_k <= 0 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p <= 0.0) for p in params)
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

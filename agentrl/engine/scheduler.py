@@ -245,8 +245,13 @@ class Scheduler:
     def _decode_step(self) -> None:
         t0 = time.perf_counter()
         tokens = [seq.output_ids[-1] for seq in self.running]
-        logits, self.batch = self.runner.decode(self.batch, tokens)
-        new_tokens, logprobs = self._sample(logits, self.running)
+        fused = getattr(self.runner, "decode_sample", None)
+        drawn = fused(self.batch, tokens, [s.params for s in self.running], [s.generator for s in self.running]) \
+            if fused is not None else None
+        if drawn is None:
+            logits, self.batch = self.runner.decode(self.batch, tokens)
+            drawn = self._sample(logits, self.running)
+        new_tokens, logprobs = drawn
         for seq, tok, lp in zip(self.running, new_tokens, logprobs, strict=False):
             self._append_token(seq, tok, lp)
         self.metrics.observe_batch(len(self.running))
@@ -298,7 +303,8 @@ class Scheduler:
             seq = self.running[i]
             # the KV covers every token but the last output one (sampled, never fed back)
             kv_tokens = seq.all_tokens()[: self.batch.lengths[i]]
-            self.prefix_cache.insert(kv_tokens, self.batch.row(i))
+            if 0 < len(kv_tokens) <= self.prefix_cache.max_tokens:  # else the cache would not keep the copy
+                self.prefix_cache.insert(kv_tokens, self.batch.row(i))
             reason = {"type": "abort", "message": seq.abort_message} if abort else seq.pending_finish_reason
             finished.append((seq, reason))
         drop = set(rows)

@@ -108,3 +108,72 @@ def test_releasing_kv_memory_frees_the_static_buffers_and_decoding_resumes(tiny_
     ours = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
     ref = hf_logprobs(hf_model, prompt, out["output_ids"], 0.9)
     assert max(abs(x - y) for x, y in zip(ours, ref, strict=True)) < TOL
+
+
+
+class _EagerGraph:
+    """Stands in for a captured step on CPU: replays by running the step's function."""
+
+    def __init__(self, step) -> None:
+        self.step = step
+
+    def replay(self) -> None:
+        self.step["forward"]()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the fused decode step is a captured CUDA graph"))])
+def test_fused_decode_step_draws_tokens_with_the_plain_forwards_log_probs(tiny_model, device, monkeypatch):
+    """``decode_sample`` (the token drawn and its log-prob taken inside the captured step, inputs kept on the
+    device between steps) returns the log-prob a plain decode gives the same token at the row's temperature,
+    greedy rows the argmax, through rows leaving and joining (the device inputs are rewritten then). On CPU
+    the step's function is replayed eagerly in place of a graph."""
+    from agentrl.engine.protocol import SamplingParams
+
+    fused = ModelRunner(str(tiny_model), dtype="float32", device=device)
+    plain = ModelRunner(str(tiny_model), dtype="float32", device=device, static_kv=False)
+    if device == "cpu":
+        assert fused.decode_sample(fused.empty_batch(), [], [], []) is None  # no graphs on CPU: the host samples
+        fused.static_kv, fused.cuda_graphs = True, True
+
+        def capture(step):
+            with torch.inference_mode():
+                step["forward"]()  # the real capture's warm-up: advances the inputs
+            step["graph"] = _EagerGraph(step)
+
+        monkeypatch.setattr(fused, "_capture", capture)
+    assert fused.cuda_graphs and fused.static_kv
+    writes = []
+    write = fused._write_fused_inputs
+    monkeypatch.setattr(fused, "_write_fused_inputs", lambda *a: writes.append(1) or write(*a))
+    rng = random.Random(3)
+    prompts = [[1] + [rng.randrange(3, 1000) for _ in range(n)] for n in (9, 25, 4, 14, 30)]
+    params = [SamplingParams(temperature=t) for t in (0.7, 1.0, 0.0, 1.3, 1.0)]
+    _, kvs = plain.prefill([(p, None) for p in prompts[:3]])
+    a, b = plain.empty_batch().extend(kvs), fused.empty_batch().extend(kvs)
+    rows = [0, 1, 2]
+    tokens = [rng.randrange(3, 1000) for _ in rows]
+    for step in range(12):
+        if step == 4:  # row 1 leaves
+            keep = [0, 2]
+            a, b, rows, tokens = a.select(keep), b.select(keep), [rows[i] for i in keep], [tokens[i] for i in keep]
+        if step == 7:  # two rows join
+            _, kvs = plain.prefill([(p, None) for p in prompts[3:]])
+            a, b, rows, tokens = a.extend(kvs), b.extend(kvs), rows + [3, 4], tokens + [5, 6]
+        ref, a = plain.decode(a, tokens)
+        drawn, logprobs = fused.decode_sample(b, tokens, [params[r] for r in rows], [None] * len(rows))
+        assert a.lengths == b.lengths
+        for i, r in enumerate(rows):
+            temp = 1.0 if params[r].greedy else params[r].temperature
+            expect = torch.log_softmax(ref[i].float() / temp, -1)
+            if params[r].greedy:
+                assert drawn[i] == int(ref[i].argmax())
+            assert abs(logprobs[i] - expect[drawn[i]].item()) < TOL, (step, r)
+        tokens = drawn
+    assert fused._graphs and all(key[2] for key in fused._graphs)  # the fused steps ran, captured
+    # inputs written at each step's capture (twice) and when the rows changed, not at every step
+    assert len(writes) == 5
+    seeded = [SamplingParams(temperature=1.0)] * len(rows)
+    assert fused.decode_sample(b, tokens, seeded, [torch.Generator(device)] + [None] * (len(rows) - 1)) is None
+    top_p = [SamplingParams(temperature=1.0, top_p=0.9)] * len(rows)
+    assert fused.decode_sample(b, tokens, top_p, [None] * len(rows)) is None
