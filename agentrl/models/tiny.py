@@ -21,24 +21,28 @@ TINY_SHAPE = dict(
 )
 
 
-def copy_tokenizer(out_dir: str | Path) -> Path:
-    """Copy the bundled tiny tokenizer (tokenizer.json, config, chat template) into ``out_dir``."""
+def copy_tokenizer(out_dir: str | Path, tokenizer_dir: str | Path = TOKENIZER_DIR) -> Path:
+    """Copy a tokenizer directory (tokenizer.json, config, chat template; default the bundled tiny one)
+    into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for f in TOKENIZER_DIR.iterdir():
+    for f in Path(tokenizer_dir).iterdir():
         shutil.copy2(f, out / f.name)
     return out
 
 
-def make_tiny_model(out_dir: str | Path, *, seed: int = 0, **overrides: int) -> Path:
+def make_tiny_model(out_dir: str | Path, *, seed: int = 0, tokenizer_dir: str | Path = TOKENIZER_DIR,
+                    **overrides: int) -> Path:
     """Write a random-init Qwen2 model plus tokenizer to ``out_dir`` and return the path.
 
-    ``overrides`` replace fields of :data:`TINY_SHAPE` (e.g. ``max_position_embeddings=1024``).
+    ``tokenizer_dir``: the tokenizer to copy in (default the bundled tiny one); the vocabulary is its
+    ``len(tokenizer)``, added tokens included. ``overrides`` replace fields of :data:`TINY_SHAPE`
+    (e.g. ``max_position_embeddings=1024``).
     """
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    out = copy_tokenizer(out_dir)
+    out = copy_tokenizer(out_dir, tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)
     shape = {**TINY_SHAPE, **overrides}
     config = Qwen2Config(

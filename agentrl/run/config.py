@@ -36,6 +36,10 @@ class ModelSection(Settings):
     num_attention_heads: int = Field(TINY_SHAPE["num_attention_heads"], ge=1, description="attention heads of the tiny model")
     num_key_value_heads: int = Field(TINY_SHAPE["num_key_value_heads"], ge=1, description="key/value heads of the tiny model (divides num_attention_heads)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of engines and trainer")
+    tokenizer: FunctionPath | None = Field(
+        None, description="tokenizer of the tiny model: a module:function fn(out_dir) that writes a tokenizer "
+        "directory (tokenizer.json, tokenizer_config.json, chat template) into out_dir; the vocabulary is "
+        "its len(tokenizer); None: the bundled tiny tokenizer; not allowed with path")
 
     @model_validator(mode="after")
     def _shape_is_buildable(self) -> ModelSection:
@@ -45,6 +49,8 @@ class ModelSection(Settings):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"model.num_key_value_heads {self.num_key_value_heads} must divide "
                              f"num_attention_heads {self.num_attention_heads}")
+        if self.tokenizer and self.path:
+            raise ValueError("model.tokenizer builds the tiny model's tokenizer; a model.path brings its own")
         return self
 
     def tiny_shape(self) -> dict[str, int]:

@@ -21,17 +21,29 @@ def base_model_dir(cfg: RunConfig) -> Path:
     """``cfg.model.path`` if given, else the tiny model for this seed, built once into the cache."""
     if cfg.model.path:
         return Path(cfg.model.path)
+    import tempfile
+
     from agentrl.models.tiny import TINY_SHAPE, TOKENIZER_DIR, make_tiny_model
 
-    tokenizer_files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(TOKENIZER_DIR.iterdir())}
-    shape = cfg.model.tiny_shape()
-    # The default shape keeps its old key, so caches built before the shape was configurable stay valid.
-    key_parts = (cfg.model.seed, shape["max_position_embeddings"], tokenizer_files)
-    if any(shape[name] != TINY_SHAPE[name] for name in shape):
-        key_parts += (shape,)
-    out = Path(cfg.cache_dir) / f"tiny-{_key(*key_parts)}"
-    if not (out / "model.safetensors").exists():
-        make_tiny_model(out, seed=cfg.model.seed, **shape)
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer_dir = TOKENIZER_DIR
+        if cfg.model.tokenizer:  # written afresh each run: the key is what it writes, not its name
+            from agentrl.plugins import load_function
+
+            tokenizer_dir = Path(scratch)
+            load_function(cfg.model.tokenizer)(tokenizer_dir)
+            if not (tokenizer_dir / "tokenizer_config.json").is_file():
+                raise ValueError(f"model.tokenizer {cfg.model.tokenizer!r} wrote no tokenizer_config.json "
+                                 f"(wrote {sorted(f.name for f in tokenizer_dir.iterdir())})")
+        tokenizer_files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(tokenizer_dir.iterdir())}
+        shape = cfg.model.tiny_shape()
+        # The default shape keeps its old key, so caches built before the shape was configurable stay valid.
+        key_parts = (cfg.model.seed, shape["max_position_embeddings"], tokenizer_files)
+        if any(shape[name] != TINY_SHAPE[name] for name in shape):
+            key_parts += (shape,)
+        out = Path(cfg.cache_dir) / f"tiny-{_key(*key_parts)}"
+        if not (out / "model.safetensors").exists():
+            make_tiny_model(out, seed=cfg.model.seed, tokenizer_dir=tokenizer_dir, **shape)
     return out
 
 

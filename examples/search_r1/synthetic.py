@@ -7,13 +7,14 @@ made-up country (``Lazasbu``, ``Civo``) can only be answered by copying. Each ta
 (``docs``: the answer country's capital, population and neighbours, and its neighbours' documents, in the
 real corpus's sentences), and ``SearchR1Env`` searches them with the same BM25 instead of the real index.
 The held-out questions stay real; made-up ones go only to the warm-up and GRPO pools
-(``make_questions(synthetic_share=...)``).
+(``make_questions(synthetic_share=...)``). The names come from a fixed seeded pool (``name_pool()``), so
+the example's tokenizer can make each one token; every world assigns them afresh.
 """
 
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from examples.search_r1.corpus import Country, Document, documents_of
@@ -30,15 +31,31 @@ def made_up_name(rng: random.Random) -> str:
                    for _ in range(syllables)).capitalize()
 
 
+POOL_SIZE = 1000
+POOL_SEED = 19
+
+
+@cache
+def name_pool() -> tuple[str, ...]:
+    """The made-up names every world draws from: ``POOL_SIZE`` distinct ones (seeded), none a real country
+    or capital. A fixed pool, so a tokenizer can make each one token (``examples.search_r1.tokenizer``);
+    each world assigns them at random, so no fact about them can be memorised."""
+    from examples.search_r1.corpus import countries
+
+    real = {c.name for c in countries()} | {c.capital for c in countries() if c.capital}
+    rng = random.Random(POOL_SEED)
+    names: dict[str, None] = {}
+    while len(names) < POOL_SIZE:
+        name = made_up_name(rng)
+        if name not in real:
+            names[name] = None
+    return tuple(names)
+
+
 def _world(rng: random.Random) -> tuple[Country, list[Country]]:
     """The answer country ``z`` and its three neighbours x, y, w (each with one more neighbour of its own,
-    so x and y share only z); every name distinct."""
-    names: list[str] = []
-    while len(names) < 12:
-        name = made_up_name(rng)
-        if name not in names:
-            names.append(name)
-    z, x, y, w, x2, y2, w2, *capitals = names
+    so x and y share only z); every name distinct, drawn from :func:`name_pool`."""
+    z, x, y, w, x2, y2, w2, *capitals = rng.sample(name_pool(), 12)
 
     def country(name: str, capital: str, borders: list[str]) -> Country:
         return Country(name=name, code="", capital=capital, population=rng.randint(1_000, 99_999_999), area=None,

@@ -268,6 +268,40 @@ def test_expert_chats_fit_the_tiny_model():
     assert longest_reply < cfg.rollout.max_new_tokens  # room for the closing <|im_end|>
 
 
+def test_the_examples_tokenizer_makes_every_name_one_token_the_same_everywhere(tmp_path):
+    """With ``model.tokenizer`` (examples/search_r1/tokenizer.py) the name a query must copy, and the capital
+    an answer must copy, is one token (an added token: the same id wherever the name stands); chats decode
+    to the same text as with the plain tiny tokenizer, in fewer tokens."""
+    from transformers import AutoTokenizer
+
+    from agentrl.envs.render import ChatRenderer
+    from agentrl.run.config import load_config
+    from examples.search_r1.synthetic import name_pool
+    from examples.search_r1.tokenizer import names, write_tokenizer
+
+    assert load_config(CONFIG).model.tokenizer == "examples.search_r1.tokenizer:write_tokenizer"
+    write_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    plain = ChatRenderer(AutoTokenizer.from_pretrained(TOKENIZER_DIR))
+    renderer = ChatRenderer(tokenizer)
+    assert set(name_pool()) <= set(names())
+    kw = load_config(CONFIG).task_kwargs
+    tasks = (make_questions(40, split="heldout", seed=0, **kw) + make_questions(40, split="warmup", seed=1, **kw)
+             + make_questions(40, split="train", seed=2, **kw))
+    assert any(t.get("synthetic") for t in tasks)
+    for task in tasks:
+        messages = expert_messages(task)
+        rendered = renderer.render(messages, SearchR1Env.tool_schemas(), add_generation_prompt=False)
+        pieces = tokenizer.convert_ids_to_tokens(rendered.ids)
+        copied = [task["country"], *([] if task["kind"] == "population_by_capital" else task["answers"])]
+        for name in filter(str.isascii, copied):  # accented names stay BPE pieces (tokenizer.names says why)
+            assert name in pieces, (task["id"], name)
+        before = plain.render(messages, SearchR1Env.tool_schemas(), add_generation_prompt=False).ids
+        assert tokenizer.decode(rendered.ids, skip_special_tokens=False) == \
+            plain.tokenizer.decode(before, skip_special_tokens=False)
+        assert len(rendered.ids) < len(before)
+
+
 def test_run_script_with_the_expert_policy_writes_samples(tmp_path, capsys):
     import json
 
