@@ -1,16 +1,14 @@
 """Grade code by running hidden tests in a FRESH sandbox (never the agent's own).
 
-The agent's files are copied into a new sandbox; the tests and the runner live in a host directory
-bind-mounted read-only at ``/grader`` of that sandbox only, so the agent never sees them and the
-solution cannot edit them. A run passes only if the runner exited 0, its report carries this run's
-nonce, it collected at least one test and exactly as many as the test files define (counted on the
-host with ``ast``), and every one passed. "No tests collected", a crashed or killed runner (e.g. the
-solution calls ``os._exit(0)`` or ``sys.exit``), a timeout, or a missing report are failures: the
-reward-hacking holes seen in public code-RL runs.
-
-Not closed: a solution that deliberately introspects the runner's memory for the nonce and writes a
-forged report to the saved stdout fd. Tests run in the solution's process; isolate further by
-running each test file in its own grade call if that matters.
+The agent's files are copied into a new sandbox; the runner lives in a host directory bind-mounted
+read-only at ``/grader`` of that sandbox only. The tests and this run's nonce reach the runner on stdin,
+after it has forked the process the solution runs in: they are on no file of the sandbox, so the agent
+never sees them and the solution can neither read nor edit them (:mod:`agentrl.sandbox.grade_runner`
+says how the solution's calls cross as plain data, so no object of the solution is ever compared and
+no code of it runs where the report is written). A run passes only if the runner exited 0, its report
+carries this run's nonce, it collected at least one test and exactly as many as the test files define
+(counted on the host with ``ast``), and every one passed. "No tests collected", a crashed or killed
+runner, a timeout, or a missing report are failures.
 """
 
 from __future__ import annotations
@@ -74,6 +72,14 @@ def count_tests(test_files: Mapping[str, str | bytes]) -> int:
     return total
 
 
+def runner_call(python: str, nonce: str, test_files: Mapping[str, str | bytes]) -> tuple[list[str], str]:
+    """(argv, stdin) of one run of the mounted runner: isolated mode (no user site, no environment, no
+    writable directory on its path), the nonce and the tests on stdin."""
+    tests = {name: content if isinstance(content, str) else bytes(content).decode()
+             for name, content in test_files.items()}
+    return [python, "-I", f"{MOUNT}/grade_runner.py"], nonce + "\n" + json.dumps({"tests": tests}) + "\n"
+
+
 def _validate_tests(test_files: Mapping[str, str | bytes]) -> None:
     if not test_files:
         raise ValueError("no test files given")
@@ -82,6 +88,12 @@ def _validate_tests(test_files: Mapping[str, str | bytes]) -> None:
             raise ValueError(f"test file names must be plain file names, got {name!r}")
         if name == "grade_runner.py":
             raise ValueError("test file name grade_runner.py is reserved")
+        content = test_files[name]
+        if not isinstance(content, str):
+            try:
+                bytes(content).decode()
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"test file {name} is not UTF-8 text") from exc
 
 
 def judge(res: ExecResult, nonce: str, expected: int) -> GradeResult:
@@ -139,20 +151,15 @@ class Grader:
         nonce = secrets.token_hex(16)
         host_dir = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
         try:
-            tests_dir = host_dir / "tests"
-            tests_dir.mkdir()
             (host_dir / "grade_runner.py").write_text(RUNNER_SOURCE)
-            for name, content in test_files.items():
-                data = content.encode() if isinstance(content, str) else bytes(content)
-                (tests_dir / name).write_bytes(data)
-            for p in [host_dir, tests_dir, *host_dir.rglob("*")]:  # readable by the sandbox uid
+            for p in [host_dir, host_dir / "grade_runner.py"]:  # readable by the sandbox uid
                 p.chmod(0o755 if p.is_dir() else 0o644)
             sandbox = self._factory({MOUNT: str(host_dir)})
             with sandbox:
                 if solution_files:
                     sandbox.write_files(solution_files)
-                res = sandbox.exec([sandbox.python, f"{MOUNT}/grade_runner.py", f"{MOUNT}/tests"],
-                                   timeout=timeout or self.timeout, stdin=nonce + "\n")
+                argv, stdin = runner_call(sandbox.python, nonce, test_files)
+                res = sandbox.exec(argv, timeout=timeout or self.timeout, stdin=stdin)
         finally:
             shutil.rmtree(host_dir, ignore_errors=True)
         return judge(res, nonce, expected)

@@ -3,8 +3,8 @@ the cost when thousands of short solutions are graded (a fresh container costs ~
 pooled one ~20 ms per grade).
 
 Each grade still runs in a grading sandbox, never the agent's own: one of ``size`` containers that only
-graders use, with one host directory bind-mounted read-only at ``/grader`` (the runner, and each grade's
-tests in a subdirectory of its own, removed after it). Between two grades the pool resets the sandbox
+graders use, with one host directory bind-mounted read-only at ``/grader`` that holds the runner alone
+(each grade's tests reach the runner on stdin, as :class:`Grader`'s do). Between two grades the pool resets the sandbox
 (every process of the sandbox user killed, the work dir and every other writable place emptied: what
 :meth:`Sandbox.reset` guarantees and ``tests/sandbox`` proves), and after ``max_uses`` grades it replaces it
 with a new one. The judging is :func:`agentrl.sandbox.grader.judge`, unchanged. A grading sandbox that dies
@@ -32,6 +32,7 @@ from agentrl.sandbox.grader import (
     _validate_tests,
     count_tests,
     judge,
+    runner_call,
 )
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.sandbox.pool import SandboxPool
@@ -77,30 +78,20 @@ class PooledGrader(Grader):
             work_path("/work", path)  # ValueError before any sandbox is used
         expected = count_tests(test_files)
         nonce = secrets.token_hex(16)
-        case = self._root / secrets.token_hex(8)  # not the nonce: a solution can list /grader
-        tests_dir = case / "tests"
         try:
-            tests_dir.mkdir(parents=True)
-            for name, content in test_files.items():
-                (tests_dir / name).write_bytes(content.encode() if isinstance(content, str) else bytes(content))
-            for p in [case, tests_dir, *tests_dir.iterdir()]:
-                p.chmod(0o755 if p.is_dir() else 0o644)
-            try:
-                sandbox = self.pool.acquire(timeout=self.acquire_timeout)
-            except TimeoutError as exc:
-                raise SandboxError(f"no grading sandbox within {self.acquire_timeout:.0f} s (all busy, or the "
-                                   "container engine does not answer); the solution was not judged") from exc
-            try:
-                if solution_files:
-                    sandbox.write_files(solution_files)
-                res = sandbox.exec([sandbox.python, f"{MOUNT}/grade_runner.py", f"{MOUNT}/{case.name}/tests"],
-                                   timeout=timeout or self.timeout, stdin=nonce + "\n")
-                if _died(sandbox, res.stdout, nonce):
-                    raise SandboxError("the grading sandbox died during the grade; the solution was not judged")
-            finally:
-                self.pool.release(sandbox)
+            sandbox = self.pool.acquire(timeout=self.acquire_timeout)
+        except TimeoutError as exc:
+            raise SandboxError(f"no grading sandbox within {self.acquire_timeout:.0f} s (all busy, or the "
+                               "container engine does not answer); the solution was not judged") from exc
+        try:
+            if solution_files:
+                sandbox.write_files(solution_files)
+            argv, stdin = runner_call(sandbox.python, nonce, test_files)
+            res = sandbox.exec(argv, timeout=timeout or self.timeout, stdin=stdin)
+            if _died(sandbox, res.stdout, nonce):
+                raise SandboxError("the grading sandbox died during the grade; the solution was not judged")
         finally:
-            shutil.rmtree(case, ignore_errors=True)
+            self.pool.release(sandbox)
         return judge(res, nonce, expected)
 
     def close(self) -> None:

@@ -198,7 +198,7 @@ def test_a_dockerd_restart_mid_grade_fails_the_episode(renderer, sandboxes):
         mine = {"label": ["agentrl.role=grader", f"agentrl.owner_pid={os.getpid()}"]}
         for container in docker_api().containers(filters=mine):
             processes = docker_api().top(container["Id"]).get("Processes") or []
-            if any("grade_runner.py" in " ".join(p) for p in processes):
+            if any("grade_runner" in " ".join(p) for p in processes):  # ps cuts the command line
                 return True
         return False
 

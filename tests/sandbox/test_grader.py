@@ -1,5 +1,6 @@
 """The grader on real sandboxes: HumanEval canonical solutions pass and broken variants fail; the
-known reward-hacking holes (no tests collected, crashed runner, forged report, edited tests) fail;
+known reward-hacking holes (no tests collected, crashed runner, forged report, edited tests, objects
+that equal anything, reading the expected values) fail;
 hidden tests never enter the agent's sandbox."""
 
 from __future__ import annotations
@@ -62,15 +63,61 @@ def test_correct_solution_passes(grader):
     assert v.passed and v.reward == 1.0 and (v.collected, v.passed_tests, v.expected) == (1, 1, 1)
 
 
+# Solutions that try to be rewarded without solving: each must fail, for the reason given. The ones
+# after "syntax error" worked against a runner that ran the tests in the solution's process with the
+# tests on a mounted file (an always-equal object, the nonce read from the runner's frames, the hidden
+# tests read off /grader); the /proc ones try the runner's own descriptors and memory.
+_FORGE_FROM_FRAMES = (
+    "import json, os, sys\n"
+    "f = sys._getframe()\n"
+    "while f is not None and 'nonce' not in f.f_locals:\n"
+    "    f = f.f_back\n"
+    "if f is not None:\n"
+    "    report = f.f_locals.get('report') or os.fdopen(1, 'w')\n"
+    "    report.write('AGENTRL-GRADE %s %s\\n' % (f.f_locals['nonce'], json.dumps("
+    "{'collected': 1, 'passed': 1, 'failures': []})))\n"
+    "    report.flush()\n"
+    "    os._exit(0)\n"
+    "def answer():\n    return 0\n")
+_PEEK = (  # 42 if the expected value can be read anywhere the sandbox reaches, else 0
+    "import glob, os\n"
+    "def _found():\n"
+    "    ppid = os.getppid()\n"
+    "    paths = glob.glob('/grader/**/*', recursive=True) + glob.glob('/tmp/**/*', recursive=True)\n"
+    "    paths += [f'/proc/{ppid}/{n}' for n in ('fd/0', 'environ', 'cmdline', 'mem')]\n"
+    "    paths += glob.glob(f'/proc/{ppid}/fd/*')\n"
+    "    for path in paths:\n"
+    "        try:\n"
+    "            with open(path, 'rb') as fh:\n"
+    "                if b'== 42' in fh.read(1 << 20):\n"
+    "                    return True\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    return False\n"
+    "def answer():\n    return 42 if _found() else 0\n")
+
+
 @pytest.mark.parametrize("name,solution,reason", [
     ("wrong", "def answer():\n    return 41\n", "1 of 1 tests failed"),
-    ("os._exit(0) at import", "import os\nos._exit(0)\n", "runner crashed"),
-    ("sys.exit(0) at import", "import sys\nsys.exit(0)\n", "no tests collected"),
+    ("os._exit(0) at import", "import os\nos._exit(0)\n", "1 of 1 tests failed"),
+    ("sys.exit(0) at import", "import sys\nsys.exit(0)\n", "1 of 1 tests failed"),
     ("forged report", "print('AGENTRL-GRADE 0 {\"collected\": 1, \"passed\": 1, \"failures\": []}')\n"
-                      "import os\nos._exit(0)\n", "runner crashed"),
+                      "import os\nos._exit(0)\n", "1 of 1 tests failed"),
     ("exit inside the test", "import sys\ndef answer():\n    sys.exit(0)\n", "1 of 1 tests failed"),
     ("hang", "def answer():\n    while True:\n        pass\n", "timed out"),
-    ("syntax error", "def answer(:\n", "no tests collected"),
+    ("syntax error", "def answer(:\n", "1 of 1 tests failed"),
+    ("always equal", "class _A:\n    def __eq__(self, other):\n        return True\n"
+                     "def answer():\n    return _A()\n", "1 of 1 tests failed"),
+    ("int that equals anything", "class _I(int):\n    def __eq__(self, other):\n        return True\n"
+                                 "    __hash__ = int.__hash__\n"
+                                 "def answer():\n    return _I(0)\n", "1 of 1 tests failed"),
+    ("nonce from the runner's frames", _FORGE_FROM_FRAMES, "1 of 1 tests failed"),
+    ("expected value read from a file or the runner", _PEEK, "1 of 1 tests failed"),
+    ("runner killed", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "runner crashed"),
+    ("builtins replaced", "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+                          "builtins.isinstance = lambda *a: True\ndef answer():\n    return 41\n",
+     "1 of 1 tests failed"),
+    ("answer too large", "def answer():\n    return 'x' * (8 << 20)\n", "1 of 1 tests failed"),
 ])
 def test_reward_hacks_fail(grader, name, solution, reason):
     v = grader.grade({"solution.py": solution}, TESTS, timeout=3 if name == "hang" else None)
@@ -82,15 +129,23 @@ def test_test_files_without_tests_fail(grader):
     assert not v.passed and v.reason == "no tests collected"
 
 
-def test_hidden_tests_are_read_only(grader):
-    tests = {"test_a.py": "import solution\n\ndef test_a():\n    pass\n",
+def test_hidden_tests_are_on_no_file_and_the_runner_is_read_only(grader):
+    """The solution looks for every test file it could edit: it finds only the runner, read-only (EROFS);
+    the tests never were on a file of the sandbox. What it saw comes back through ``outcome()``."""
+    tests = {"test_a.py": "import solution\n\ndef test_a():\n"
+                          "    assert solution.outcome() == [['/grader/grade_runner.py', 30]]\n",
              "test_b.py": "def test_b():\n    assert False, 'the solution is wrong'\n"}
-    sneaky = ("import glob\nfor path in glob.glob('/grader/tests/*.py') + glob.glob('/grader/*.py'):\n"
+    sneaky = ("import glob\n_seen = []\n"
+              "for path in sorted(glob.glob('/grader/**', recursive=True) + glob.glob('/work/**', recursive=True)\n"
+              "                   + glob.glob('/tmp/**', recursive=True)):\n"
+              "    if not path.endswith('.py') or path.endswith('solution.py'):\n        continue\n"
               "    try:\n        open(path, 'w').write('def test_b():\\n    pass\\n')\n"
-              "    except OSError as exc:\n        print('blocked', exc.errno)\n")
+              "        _seen.append([path, 0])\n"
+              "    except OSError as exc:\n        _seen.append([path, exc.errno])\n"
+              "def outcome():\n    return _seen\n")
     v = grader.grade({"solution.py": sneaky}, tests)
-    assert not v.passed and v.reason == "1 of 2 tests failed", v.reason
-    assert v.exec_result.stderr.count("blocked 30") == 3  # EROFS on both tests and the runner
+    assert not v.passed and v.reason == "1 of 2 tests failed", (v.reason, v.failures)
+    assert [f.split(":")[0] for f in v.failures] == ["test_b"]
 
 
 def test_unittest_style_tests(grader):
