@@ -14,6 +14,11 @@ types (None, bool, int, float, complex, str, bytes, list, tuple, dict, set, froz
 claims to equal anything never arrives, and every comparison is this process's. The tests and the nonce
 arrive after the fork, on stdin, and are on no file the sandbox can read: a solution can neither read
 what it is compared against nor forge the report. Test output goes to stderr.
+
+What tests can therefore not check: a result that is not plain data (a generator, a custom object: the
+call raises TypeError), a change the solution makes to an argument in place (arguments are copies), or the
+function object itself (``inspect.signature``). Every HumanEval check and the coding agent's tests only
+compare returned values.
 """
 
 import builtins
