@@ -229,10 +229,17 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
     vocab = SHAPES[shape]["vocab_size"]
     rows = []
     for mode in args.engine_modes:
+        built = time.perf_counter()
         engine = Engine(EngineConfig(str(model_dir), dtype=args.dtype, device=args.device,
                                      max_batch_size=max(args.concurrency), max_prefill_tokens=args.max_prefill_tokens,
-                                     prefix_cache_tokens=0, static_kv=mode == "static"))
+                                     prefix_cache_tokens=0, static_kv=mode == "static",
+                                     fused_ops=False if args.no_fused_ops else None))
         engine.runner.fused_sampling = not args.no_fused_sampling
+        if args.no_triton_attention:
+            from agentrl.engine import attention
+
+            attention.TRITON_DECODE = False
+        print(json.dumps({"engine_ready_s": time.perf_counter() - built, "fused_ops": engine.runner.fused_ops}), flush=True)
         engine.start()
         try:
             engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
@@ -242,11 +249,13 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                     warm = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=10_000 + c), 4, sync)["seconds"]
                 r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
                 rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
+                             "fused_ops": engine.runner.fused_ops, "decode_sdpa": args.decode_sdpa,
+                             "triton_attention": __import__("agentrl.engine.attention").engine.attention.TRITON_DECODE,
                              "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed,
                              "fused_sampling": engine.runner.fused_sampling})
                 print(json.dumps(rows[-1]), flush=True)
             for c in args.profile:
-                for fused in (True, False):
+                for fused in (True, False) if args.profile_host_sampling else (True,):
                     engine.runner.fused_sampling = fused
                     args.profiles.append(profile_engine(args, engine, shape, c, vocab, sync,
                                                         Path(args.out).parent if args.device == "cuda" else None))
@@ -292,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the timed rows, per-phase timings of a decode iteration at these concurrencies, "
                         "with and without sampling in the captured step (and torch.profiler tables on cuda)")
     p.add_argument("--no-fused-sampling", action="store_true", help="engine: sample on the host side (the old path)")
+    p.add_argument("--no-fused-ops", action="store_true", help="engine: transformers' eager RMSNorm/RoPE/SiLU")
+    p.add_argument("--no-triton-attention", action="store_true", help="engine: SDPA for the decode attention")
+    p.add_argument("--decode-sdpa", default=None, choices=["efficient", "cudnn", "math", "flash"],
+                   help="engine: force this SDPA backend for the one-token decode attention")
+    p.add_argument("--profile-host-sampling", action="store_true",
+                   help="profile also with sampling on the host (the old path)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
@@ -303,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.decode_sdpa:
+        from torch.nn.attention import SDPBackend
+
+        from agentrl.engine import attention
+
+        attention.DECODE_BACKENDS = [{"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                                      "math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}[args.decode_sdpa]]
     if args.device == "cuda" and not torch.cuda.is_available():
         print("engine_gpu_bench: --device cuda but CUDA is not available", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
 # come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs englogprobs engine engine2 engine3 engprof trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
+# parts: env logprobs englogprobs engine engine2 engine3 engprof engab trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
 # packing (default: env logprobs
 # engine trainer delta ipc packing); engine2: the CUDA-graph
 # engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02; engine3: the 0.5B
@@ -49,6 +49,13 @@ for part in $parts; do
       timeout 480 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b \
         --concurrency 1 32 128 256 --engine-modes static --hf-modes static --hf-concurrency 1 128 --profile 1 128 \
         --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -40 ;;
+    engab)  # A/Bs of the engine alone at c=1/128: without the compiled ops (and so without the Triton decode
+      # attention), without the Triton decode attention (SDPA: cuDNN), host-side sampling; ENGAB overrides the list
+      for v in ${ENGAB:-"nofused:--no-fused-ops" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling"}; do
+        timeout 150 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
+          --engine-modes static --hf-modes ${v#*:} --out "$OUT/engine_ab_${v%%:*}.json" 2>&1 \
+          | grep -v -i -E "warn|it/s" | tail -4
+      done ;;
     trainer)
       timeout 200 python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 --seq-len 2048 \
         --seqs-per-microbatch 4 --microbatches 2 --steps 5 --attention sdpa --variants packed:reuse padded:fresh \

@@ -13,10 +13,15 @@ grouped heads go to transformers' own SDPA unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 NAME = "agentrl_sdpa"
+# SDPA backends for the one-token decode call (``torch.nn.attention.SDPBackend`` members), None: torch's choice
+DECODE_BACKENDS: list | None = None
+# CUDA decode steps through decode_attention.py's Triton kernel (set by a runner whose check of it passed)
+TRITON_DECODE = False
 
 
 def decode_sdpa_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -34,9 +39,25 @@ def decode_sdpa_attention_forward(module, query, key, value, attention_mask, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     # query head h serves KV head h // groups (repeat_kv's order), so a plain reshape groups them
     packed = query.reshape(batch, heads // groups, groups, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        packed, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
-        scale=scaling, is_causal=False)
+    if TRITON_DECODE and query.is_cuda and not (dropout and module.training):
+        from agentrl.engine import decode_attention as da
+
+        mask2d = None
+        if attention_mask is not None and attention_mask.shape[0] == batch:
+            mask2d = attention_mask[:, 0, 0, :]
+        if (attention_mask is None or mask2d is not None) and da.supported(packed, key, value, mask2d):
+            out = da.decode_attention(packed, key, value, mask2d, scaling)
+            return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+    if DECODE_BACKENDS is None:
+        backends = contextlib.nullcontext()
+    else:
+        from torch.nn.attention import sdpa_kernel
+
+        backends = sdpa_kernel(DECODE_BACKENDS)
+    with backends:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            packed, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
+            scale=scaling, is_causal=False)
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
 
 

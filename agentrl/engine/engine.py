@@ -35,6 +35,7 @@ class EngineConfig:
     port: int = 30000
     enable_memory_saver: bool = False
     static_kv: bool | None = None  # fixed KV buffers + CUDA-graph decode steps; None: on CUDA
+    fused_ops: bool | None = None  # compiled RMSNorm / RoPE / SiLU gate (fused_ops.py); None: on CUDA
 
 
 class WeightUpdateError(ValueError):
@@ -51,7 +52,7 @@ class Engine:
         self.model_path = config.model_path
         self.runner = runner or ModelRunner(
             config.model_path, dtype=config.dtype, device=config.device, memory_saver=config.enable_memory_saver,
-            static_kv=config.static_kv,
+            static_kv=config.static_kv, fused_ops=config.fused_ops,
         )
         from agentrl.engine.model_runner import decode_bucket
 

@@ -333,11 +333,12 @@ class ModelRunner:
 
     def __init__(
         self, model_path: str, *, dtype: str = "float32", device: str | None = None, memory_saver: bool = False,
-        static_kv: bool | None = None, cuda_graphs: bool | None = None,
+        static_kv: bool | None = None, cuda_graphs: bool | None = None, fused_ops: bool | None = None,
     ) -> None:
         """``static_kv``: hold the running batch in :class:`StaticBatchKV` (default: on CUDA); ``cuda_graphs``:
         replay captured decode steps (default: with ``static_kv`` on CUDA; a capture that fails falls back to
-        running the step eagerly, logged once)."""
+        running the step eagerly, logged once); ``fused_ops``: compiled RMSNorm, rotary embedding and SiLU
+        gate in place of transformers' (``fused_ops.py``; default: on CUDA, kept only if its check passes)."""
         import contextlib
 
         import torch
@@ -361,6 +362,10 @@ class ModelRunner:
                 model_path, dtype=self.dtype, attn_implementation=register()
             ).to(self.device)
         self.model.eval()
+        self.fused_ops = False
+        if fused_ops or (fused_ops is None and self.device.type == "cuda"):
+            self.fused_ops = self._install_fused_ops()
+        self.triton_attention = self.device.type == "cuda" and self.fused_ops and self._check_decode_attention()
         config = self.model.config
         self.context_length: int = int(getattr(config, "max_position_embeddings", 2048))
         self.vocab_size: int = int(self.model.get_input_embeddings().weight.shape[0])
@@ -378,6 +383,93 @@ class ModelRunner:
         self._param_list: list[Any] | None = None
         # decode steps on CUDA graphs draw their tokens inside the graph (decode_sample)
         self.fused_sampling = True
+
+    def _install_fused_ops(self) -> bool:
+        """Patch in the compiled ops, checked against this model's own eager logits at the shapes a run
+        meets (batch and length of 1 or more: sizes of 1 compile apart), so that compiling happens here."""
+        import torch
+
+        from agentrl.engine import fused_ops
+
+        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        shapes = [(2, 8), (1, 8), (1, 1), (2, 1)]
+        inputs = [torch.randint(3, vocab, shape, generator=gen).to(self.device) for shape in shapes]
+        with torch.inference_mode():
+            refs = [self.model(input_ids=ids).logits.float() for ids in inputs]
+        tol = 1e-4 if self.dtype == torch.float32 else 3e-2  # relative: summation order / bf16 rounding
+
+        def check() -> None:
+            with torch.inference_mode(), fused_ops.active():
+                for ids, ref in zip(inputs, refs, strict=True):
+                    out = self.model(input_ids=ids).logits.float()
+                    err = ((out - ref).norm() / ref.norm()).item()
+                    if not err < tol:
+                        raise RuntimeError(f"fused ops: relative error {err:.2e} at shape {tuple(ids.shape)}")
+                # the decode step's sampler at one row and at several: greedy rows the argmax, every row the
+                # log-prob of its token at its temperature
+                for rows in (1, 3):
+                    logits = (3 * torch.randn((rows, vocab), generator=gen)).to(self.device, self.dtype)
+                    temps = torch.tensor([1.0, 0.7, 1.3][:rows], device=self.device)
+                    greedy = torch.tensor([True, False, False][:rows], device=self.device)
+                    chosen, lp = fused_ops.kernels()["sample"](logits, temps, greedy, torch.rand(logits.shape, device=self.device))
+                    want = torch.log_softmax(logits.float() / temps.unsqueeze(1), -1)
+                    if int(chosen[0]) != int(logits[0].float().argmax()) or not torch.allclose(
+                            lp, want.gather(1, chosen.unsqueeze(1)).squeeze(1), atol=1e-5, rtol=0):
+                        raise RuntimeError("fused ops: the compiled sampler disagrees with log_softmax")
+
+        return fused_ops.install(self.model, check)
+
+    def _check_decode_attention(self) -> bool:
+        """Turn on ``decode_attention``'s Triton kernel for one-token decode steps if it matches SDPA on this
+        model's head layout and dtype (at one row and at several, a left-padded mask, columns not a multiple
+        of its tile); else decode keeps SDPA."""
+        import logging
+
+        import torch
+
+        from agentrl.engine import attention
+
+        if attention.TRITON_DECODE:
+            return True
+        cfg = self.model.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        tol = 1e-5 if self.dtype == torch.float32 else 2e-2  # relative; bf16: P rounded to bf16, as in SDPA
+        try:
+            from agentrl.engine.decode_attention import decode_attention, supported
+
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            for rows, columns in ((1, 1024), (3, 200), (130, 64)):
+                q = torch.randn((rows, kv_heads, heads // kv_heads, dim), device=self.device, dtype=self.dtype, generator=gen)
+                k, v = (torch.randn((rows, kv_heads, columns, dim), device=self.device, dtype=self.dtype, generator=gen)
+                        for _ in range(2))
+                allowed = torch.ones((rows, columns), dtype=torch.bool, device=self.device)
+                allowed[0, : columns // 2] = False
+                mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
+                if not supported(q, k, v, mask):
+                    return False
+                out = decode_attention(q, k, v, mask, dim**-0.5).float()
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), attn_mask=mask.float()[:, None, None, :], scale=dim**-0.5)
+                err = ((out - ref).norm() / ref.norm()).item()
+                if not err < tol:
+                    raise RuntimeError(f"decode attention: relative error {err:.2e} at {rows} rows, {columns} columns")
+        except Exception:  # noqa: BLE001 - SDPA is correct, only slower
+            logging.getLogger(__name__).exception("Triton decode attention failed its check; decoding with SDPA")
+            return False
+        attention.TRITON_DECODE = True
+        return True
+
+    def _forward_context(self):
+        import contextlib
+
+        if not self.fused_ops:
+            return contextlib.nullcontext()
+        from agentrl.engine import fused_ops
+
+        return fused_ops.active()
 
     def release_static(self) -> None:
         """Drop the captured decode steps (and with them the last references to old KV buffers)."""
@@ -436,7 +528,7 @@ class ModelRunner:
                 vs = [v if v is not None else ref_k.new_zeros(ref_k.shape) for v in vs]
                 layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
         cache = _make_cache(layers)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._forward_context():
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask.unsqueeze(1),
@@ -472,7 +564,7 @@ class ModelRunner:
         # row i's real tokens (and the new one) are its last lengths[i] + 1 columns
         mask = (cols.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
         ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._forward_context():
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -609,8 +701,9 @@ class ModelRunner:
         cache = _static_cache([k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values], step["column"])
 
         def run() -> torch.Tensor:
-            out = self.model(input_ids=step["ids"], attention_mask=step["mask"], position_ids=step["positions"],
-                             use_cache=True, **{self._cache_arg: cache})
+            with self._forward_context():
+                out = self.model(input_ids=step["ids"], attention_mask=step["mask"], position_ids=step["positions"],
+                                 use_cache=True, **{self._cache_arg: cache})
             return out.logits[:, -1]
 
         def run_fused() -> torch.Tensor:
@@ -618,17 +711,25 @@ class ModelRunner:
             # row i sees its own span and the new column; idle rows (length 0) only the new column
             allowed = (cols.unsqueeze(0) >= column - positions) & (cols.unsqueeze(0) <= column)
             mask = torch.where(allowed, step["open"], step["blocked"])[:, None, None, :]
-            out = self.model(input_ids=step["ids"], attention_mask=mask, position_ids=positions,
-                             use_cache=True, **{self._cache_arg: cache})
-            logits = out.logits[:, -1].float()
-            logprobs = torch.log_softmax(logits / step["temps"].unsqueeze(1), dim=-1)
-            # inverse-CDF draw, as sampling.sample_next (one uniform per row, right=True)
-            cdf = logprobs.exp().cumsum(dim=-1)
-            u = torch.rand((bucket, 1), device=logits.device, dtype=cdf.dtype)
-            drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
-            chosen = torch.where(step["greedy"], logits.argmax(dim=-1), drawn)
+            with self._forward_context():
+                out = self.model(input_ids=step["ids"], attention_mask=mask, position_ids=positions,
+                                 use_cache=True, **{self._cache_arg: cache})
+            if self.fused_ops:  # compiled Gumbel-max draw (fused_ops.kernels), one uniform per entry
+                from agentrl.engine.fused_ops import kernels
+
+                uniforms = torch.rand(out.logits[:, -1].shape, device=positions.device, dtype=torch.float32)
+                chosen, chosen_lp = kernels()["sample"](out.logits[:, -1], step["temps"], step["greedy"], uniforms)
+            else:
+                logits = out.logits[:, -1].float()
+                logprobs = torch.log_softmax(logits / step["temps"].unsqueeze(1), dim=-1)
+                # inverse-CDF draw, as sampling.sample_next (one uniform per row, right=True)
+                cdf = logprobs.exp().cumsum(dim=-1)
+                u = torch.rand((bucket, 1), device=logits.device, dtype=cdf.dtype)
+                drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+                chosen = torch.where(step["greedy"], logits.argmax(dim=-1), drawn)
+                chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
             step["out"][0].copy_(chosen)
-            step["out"][1].copy_(logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1))
+            step["out"][1].copy_(chosen_lp)
             step["ids"].copy_(chosen.unsqueeze(1))
             positions.add_(1)
             column.add_(1)
