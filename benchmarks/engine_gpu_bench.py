@@ -159,11 +159,12 @@ def profile_engine(args, engine, shape: str, concurrency: int, vocab: int, sync,
 
     sched, runner = engine.scheduler, engine.runner
     result: dict = {"shape": shape, "concurrency": concurrency, "fused_sampling": runner.fused_sampling}
+    pipelined = sched.pipelined_steps
     engine_run(engine, prompts_for(concurrency, args.prompt_len, vocab, seed=20_000 + concurrency), 4, sync)
     acc: dict = {}
     originals = {name: getattr(sched, name) for name in ("_admit", "_decode_step", "_sample", "_append_token",
                                                          "_finish_done")}
-    r_originals = {name: getattr(runner, name) for name in ("decode", "decode_sample")}
+    r_originals = {name: getattr(runner, name) for name in ("decode", "launch_sample", "collect")}
     for name, fn in originals.items():
         setattr(sched, name, _timed(fn, acc, name, sync if name != "_append_token" else (lambda: None)))
     for name, fn in r_originals.items():
@@ -177,6 +178,7 @@ def profile_engine(args, engine, shape: str, concurrency: int, vocab: int, sync,
             delattr(runner, name)
     steps = acc.get("_decode_step_calls", 1)
     result["run"] = r
+    result["pipelined_steps"] = sched.pipelined_steps - pipelined
     result["per_step_ms"] = {k: 1e3 * v / steps for k, v in acc.items() if not k.endswith("_calls")}
     result["calls"] = {k: v for k, v in acc.items() if k.endswith("_calls")}
     # the captured steps alone
@@ -235,6 +237,7 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                                      prefix_cache_tokens=0, static_kv=mode == "static",
                                      fused_ops=False if args.no_fused_ops else None))
         engine.runner.fused_sampling = not args.no_fused_sampling
+        engine.scheduler.pipeline = not args.no_pipeline
         if args.no_triton_attention:
             from agentrl.engine import attention
 
@@ -247,7 +250,9 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                 warm = None
                 if args.warm:  # capture this concurrency's decode graphs (row buckets as rows join) untimed
                     warm = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=10_000 + c), 4, sync)["seconds"]
+                pipelined = engine.scheduler.pipelined_steps
                 r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
+                r["pipelined_steps"] = engine.scheduler.pipelined_steps - pipelined
                 rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
                              "fused_ops": engine.runner.fused_ops, "decode_sdpa": args.decode_sdpa,
                              "triton_attention": __import__("agentrl.engine.attention").engine.attention.TRITON_DECODE,
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fused-sampling", action="store_true", help="engine: sample on the host side (the old path)")
     p.add_argument("--no-fused-ops", action="store_true", help="engine: transformers' eager RMSNorm/RoPE/SiLU")
     p.add_argument("--no-triton-attention", action="store_true", help="engine: SDPA for the decode attention")
+    p.add_argument("--no-pipeline", action="store_true", help="engine: collect every step before queuing the next")
     p.add_argument("--decode-sdpa", default=None, choices=["efficient", "cudnn", "math", "flash"],
                    help="engine: force this SDPA backend for the one-token decode attention")
     p.add_argument("--profile-host-sampling", action="store_true",

@@ -49,9 +49,10 @@ for part in $parts; do
       timeout 480 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b \
         --concurrency 1 32 128 256 --engine-modes static --hf-modes static --hf-concurrency 1 128 --profile 1 128 \
         --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -40 ;;
-    engab)  # A/Bs of the engine alone at c=1/128: without the compiled ops (and so without the Triton decode
-      # attention), without the Triton decode attention (SDPA: cuDNN), host-side sampling; ENGAB overrides the list
-      for v in ${ENGAB:-"nofused:--no-fused-ops" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling"}; do
+    engab)  # A/Bs of the engine alone at c=1/128: steps not queued ahead, without the Triton decode attention
+      # (SDPA: cuDNN), host-side sampling, without the compiled ops (and so without the Triton attention);
+      # ENGAB overrides the list
+      for v in ${ENGAB:-"nopipe:--no-pipeline" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling" "nofused:--no-fused-ops"}; do
         timeout 150 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
           --engine-modes static --hf-modes ${v#*:} --out "$OUT/engine_ab_${v%%:*}.json" 2>&1 \
           | grep -v -i -E "warn|it/s" | tail -4

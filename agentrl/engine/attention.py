@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Any
 
 NAME = "agentrl_sdpa"
@@ -22,6 +23,19 @@ NAME = "agentrl_sdpa"
 DECODE_BACKENDS: list | None = None
 # CUDA decode steps through decode_attention.py's Triton kernel (set by a runner whose check of it passed)
 TRITON_DECODE = False
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def decode_limit(column):
+    """Inside: one-token decode attention (Triton) reads no column after ``column`` (a one-element device
+    tensor: the static batch's write column, which every row's mask ends at)."""
+    before = getattr(_local, "column", None)
+    _local.column = column
+    try:
+        yield
+    finally:
+        _local.column = before
 
 
 def decode_sdpa_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -46,7 +60,7 @@ def decode_sdpa_attention_forward(module, query, key, value, attention_mask, dro
         if attention_mask is not None and attention_mask.shape[0] == batch:
             mask2d = attention_mask[:, 0, 0, :]
         if (attention_mask is None or mask2d is not None) and da.supported(packed, key, value, mask2d):
-            out = da.decode_attention(packed, key, value, mask2d, scaling)
+            out = da.decode_attention(packed, key, value, mask2d, scaling, getattr(_local, "column", None))
             return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
     if DECODE_BACKENDS is None:
         backends = contextlib.nullcontext()

@@ -4,7 +4,8 @@ Shapes as ``attention.decode_sdpa_attention_forward`` hands them: ``q`` ``[B, H_
 heads that share a KV head as its query positions), ``k``/``v`` ``[B, H_kv, T, D]``, an additive mask
 ``[B, T]`` shared by every head (or none). The ``T`` columns are cut into ``S`` splits so that a small
 batch still fills the chip (at one row over 1,024 columns cuDNN's SDPA ran one 17 us kernel per layer on an
-H200); each program keeps an online softmax over its split, a second kernel merges the splits. fp32 inputs
+H200); each program keeps an online softmax over its split, a second kernel merges the splits. Columns past the
+last one any row may see (``limit``, read on the device) are not read at all. fp32 inputs
 multiply in IEEE fp32 (no tf32), so fp32 results match SDPA's to rounding; bf16/fp16 inputs use the
 tensor cores with fp32 accumulation, as the fused SDPA kernels do.
 """
@@ -21,11 +22,11 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(Q, K, V, M, Acc, Mx, Sm,
+    def partial_kernel(Q, K, V, M, Limit, Acc, Mx, Sm,
                        sqb, sqh, sqg, skb, skh, skt, svb, svh, svt, smb,
                        G, T, per_split, scale,
-                       HAS_MASK: tl.constexpr, IEEE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                       D: tl.constexpr):
+                       HAS_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr, BLOCK_G: tl.constexpr,
+                       BLOCK_N: tl.constexpr, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -40,6 +41,8 @@ def _kernels():
         acc = tl.zeros([BLOCK_G, D], tl.float32)
         start = s * per_split
         end = tl.minimum(start + per_split, T)
+        if HAS_LIMIT:  # no row attends past this column (read on the device: graph replays move it)
+            end = tl.minimum(end, tl.load(Limit).to(tl.int32) + 1)
         for n0 in range(start, end, BLOCK_N):
             cols = n0 + offs_n
             valid = cols < end
@@ -113,9 +116,11 @@ def supported(q, k, v, mask) -> bool:
             and (mask is None or (mask.is_floating_point() and mask.shape[-1] == k.shape[2] and mask.stride(-1) == 1)))
 
 
-def decode_attention(q, k, v, mask, scale: float | None = None):
+def decode_attention(q, k, v, mask, scale: float | None = None, limit=None):
     """``softmax(q k^T * scale + mask) v`` per (row, KV head): ``q`` ``[B, H_kv, G, D]``, ``k``/``v``
-    ``[B, H_kv, T, D]``, ``mask`` ``[B, T]`` additive or None. Returns ``[B, H_kv, G, D]`` in ``q``'s dtype."""
+    ``[B, H_kv, T, D]``, ``mask`` ``[B, T]`` additive or None; ``limit``: a one-element integer device tensor,
+    the last column any row may attend to (columns after it are skipped, not read: the static decode
+    batch's ``column``). Returns ``[B, H_kv, G, D]`` in ``q``'s dtype."""
     import torch
 
     partial_kernel, combine_kernel = _kernels()
@@ -133,11 +138,11 @@ def decode_attention(q, k, v, mask, scale: float | None = None):
     out = torch.empty((b, hk, g, d), dtype=q.dtype, device=q.device)
     m = mask if mask is not None else q
     partial_kernel[(b, hk, splits)](
-        q, k, v, m, acc, mx, sm,
+        q, k, v, m, limit if limit is not None else q, acc, mx, sm,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), m.stride(0) if mask is not None else 0,
         g, t, per_split, scale,
-        HAS_MASK=mask is not None, IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=d,
+        HAS_MASK=mask is not None, HAS_LIMIT=limit is not None, IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=d,
         num_warps=4)
     combine_kernel[(b, hk)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), g, splits,
                             BLOCK_G=block_g, D=d, num_warps=4)

@@ -609,7 +609,16 @@ class ModelRunner:
         step's inputs stay on the device between steps (the graph feeds its own tokens back and advances
         positions and the column), so a step is one replay and one device-to-host copy of ``2 x rows``
         numbers. ``None`` where that does not apply (no CUDA graphs, seeded rows, top-k/top-p/min-p
-        filters): the caller then runs :meth:`decode` and samples the logits itself."""
+        filters): the caller then runs :meth:`decode` and samples the logits itself. The same as
+        :meth:`launch_sample` then :meth:`collect`."""
+        handle = self.launch_sample(batch, tokens, params, generators)
+        return None if handle is None else self.collect(handle)
+
+    def launch_sample(self, batch: BatchKV | StaticBatchKV, tokens: list[int], params: list[Any],
+                      generators: list[Any]) -> dict[str, Any] | None:
+        """The first half of :meth:`decode_sample`: queue the step on the device and return at once (the
+        batch's lengths already count its token); :meth:`collect` waits for its tokens. Between the two
+        the caller may do host work, but must not change the batch."""
         from agentrl.engine.sampling import fusable
 
         if not (self.fused_sampling and self.cuda_graphs and not self._graph_failed
@@ -638,14 +647,20 @@ class ModelRunner:
             step["host"].copy_(step["out"], non_blocking=step["done"] is not None)
             if step["done"] is not None:
                 step["done"].record()
-        if step["done"] is not None:
-            step["done"].synchronize()
-        out = step["host"][:, :n].tolist()
-        new_tokens = [int(t) for t in out[0]]
         batch.lengths = [length + 1 for length in batch.lengths]
         batch.width = width + 1
+        return {"step": step, "rows": n, "batch": batch, "width": width + 1, "temps": temps, "greedy": greedy}
+
+    def collect(self, handle: dict[str, Any]) -> tuple[list[int], list[float]]:
+        """Wait for a launched step; its tokens and their log-probs."""
+        step, batch = handle["step"], handle["batch"]
+        if step["done"] is not None:
+            step["done"].synchronize()
+        out = step["host"][:, : handle["rows"]].tolist()
+        new_tokens = [int(t) for t in out[0]]
         # what the device holds for the next step if nothing about the batch changes
-        step["state"] = (id(batch), batch.generation, batch.version, width + 1, new_tokens, temps, greedy)
+        step["state"] = (id(batch), batch.generation, batch.version, handle["width"], new_tokens, handle["temps"],
+                         handle["greedy"])
         return new_tokens, out[1]
 
     def _write_fused_inputs(self, step: dict[str, Any], batch: StaticBatchKV, tokens: list[int], temps: list[float],
@@ -700,8 +715,10 @@ class ModelRunner:
                 step["mask"] = torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev)
         cache = _static_cache([k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values], step["column"])
 
+        from agentrl.engine.attention import decode_limit
+
         def run() -> torch.Tensor:
-            with self._forward_context():
+            with self._forward_context(), decode_limit(step["column"]):
                 out = self.model(input_ids=step["ids"], attention_mask=step["mask"], position_ids=step["positions"],
                                  use_cache=True, **{self._cache_arg: cache})
             return out.logits[:, -1]
@@ -711,7 +728,7 @@ class ModelRunner:
             # row i sees its own span and the new column; idle rows (length 0) only the new column
             allowed = (cols.unsqueeze(0) >= column - positions) & (cols.unsqueeze(0) <= column)
             mask = torch.where(allowed, step["open"], step["blocked"])[:, None, None, :]
-            with self._forward_context():
+            with self._forward_context(), decode_limit(column):
                 out = self.model(input_ids=step["ids"], attention_mask=mask, position_ids=positions,
                                  use_cache=True, **{self._cache_arg: cache})
             if self.fused_ops:  # compiled Gumbel-max draw (fused_ops.kernels), one uniform per entry

@@ -98,6 +98,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="agentrl-engine-worker", daemon=True)
         self.last_step_time = 0.0
         self.generated_tokens = 0
+        self._pending: Any = None  # a decode step queued ahead on the device (see _decode_step)
+        self.pipeline = True  # queue steps ahead where allowed (False: every step collected before the next)
+        self.pipelined_steps = 0
 
     # ---- called from the event loop / other threads -------------------------------------------
     def start(self) -> None:
@@ -177,6 +180,13 @@ class Scheduler:
                     break
                 controls = list(self._controls)
                 self._controls.clear()
+            if self._pending is not None and (controls or self.waiting or self.paused
+                                              or any(s.abort_requested for s in self.running)):
+                try:
+                    self._drain()
+                except Exception:  # noqa: BLE001 - the step's failure is handled below like any other
+                    self._pending = None
+                    logger.exception("collecting a queued decode step failed")
             for fn, fut in controls:
                 if fut.set_running_or_notify_cancel():
                     try:
@@ -191,6 +201,7 @@ class Scheduler:
                         self._decode_step()
             except Exception as exc:  # fail the in-flight requests, keep the worker (and server) alive
                 logger.exception("engine step failed; aborting %d in-flight requests", len(self.running) + len(self.waiting))
+                self._pending = None
                 with self._cond:
                     failed = [*self.running, *self.admitting, *self.waiting]
                     self.running, self.admitting, self.waiting = [], [], deque()
@@ -206,10 +217,15 @@ class Scheduler:
         for seq in aborted_waiting:
             self._finish(seq, {"type": "abort", "message": seq.abort_message})
         if any(s.abort_requested for s in self.running):
+            self._drain()  # a step queued ahead belongs to the rows as they are
             self._drop_rows([i for i, s in enumerate(self.running) if s.abort_requested], abort=True)
 
     def _admit(self) -> None:
         """Prefill waiting sequences together (up to the batch and prefill-token budgets)."""
+        if self._pending is not None:
+            if not self.waiting:
+                return
+            self._drain()  # rows join a batch with no step in flight
         admitted: list[tuple[Sequence, list[int], Any]] = []
         new_tokens = 0
         while len(self.running) + len(admitted) < self.max_batch_size:
@@ -242,32 +258,71 @@ class Scheduler:
             self._append_token(seq, tok, lp)
         self._finish_done()
 
-    def _decode_step(self) -> None:
+    def _decode_step(self, *, pipeline: bool = True) -> None:
+        """One decode step for every running row. On the captured-graph path (``runner.launch_sample``) the
+        next step is queued on the device *before* this step's tokens are appended, when nothing can
+        change the batch in between (no row can finish with the token just drawn, no stop strings, no
+        waiting requests, controls, aborts or pause): the host's per-row work then overlaps the device's
+        step. A step queued so is collected by the next call (``_pending``); ``_drain`` collects it early."""
         t0 = time.perf_counter()
-        tokens = [seq.output_ids[-1] for seq in self.running]
-        fused = getattr(self.runner, "decode_sample", None)
-        drawn = fused(self.batch, tokens, [s.params for s in self.running], [s.generator for s in self.running]) \
-            if fused is not None else None
-        if drawn is None:
-            logits, self.batch = self.runner.decode(self.batch, tokens)
-            drawn = self._sample(logits, self.running)
+        launch = getattr(self.runner, "launch_sample", None)
+        if self._pending is not None:
+            drawn = self.runner.collect(self._pending)
+            self._pending = None
+        else:
+            tokens = [seq.output_ids[-1] for seq in self.running]
+            drawn = None
+            if launch is not None:
+                handle = launch(self.batch, tokens, [s.params for s in self.running], [s.generator for s in self.running])
+                drawn = None if handle is None else self.runner.collect(handle)
+            if drawn is None:
+                logits, self.batch = self.runner.decode(self.batch, tokens)
+                drawn = self._sample(logits, self.running)
         new_tokens, logprobs = drawn
+        if pipeline and self.pipeline and launch is not None and self._may_pipeline(new_tokens):
+            self._pending = launch(self.batch, new_tokens, [s.params for s in self.running],
+                                   [s.generator for s in self.running])
+            if self._pending is not None:
+                self.pipelined_steps += 1
         for seq, tok, lp in zip(self.running, new_tokens, logprobs, strict=False):
-            self._append_token(seq, tok, lp)
+            self._append_token(seq, tok, lp, count=False)
+        self.generated_tokens += len(self.running)
+        self.metrics.generated_tokens.inc(len(self.running))  # one counter update per step, not per row
         self.metrics.observe_batch(len(self.running))
         self._finish_done()
         self.last_step_time = time.perf_counter() - t0
+
+    def _may_pipeline(self, new_tokens: list[int]) -> bool:
+        """Whether no running row can finish (or be aborted) once ``new_tokens`` are appended, and nothing
+        waits to change the batch: then the next step may be queued before they are."""
+        if self.waiting or self._controls or self.paused:
+            return False
+        eos, context = self.runner.eos_token_ids, self.runner.context_length
+        for seq, tok in zip(self.running, new_tokens, strict=True):
+            p = seq.params
+            if (seq.abort_requested or p.stop or tok in p.stop_token_ids or (not p.ignore_eos and tok in eos)
+                    or len(seq.output_ids) + 1 >= p.max_new_tokens
+                    or len(seq.prompt_ids) + len(seq.output_ids) + 1 >= context):
+                return False
+        return True
+
+    def _drain(self) -> None:
+        """Collect a step queued ahead (its tokens appended, finished rows dropped) before anything else
+        touches the batch."""
+        if self._pending is not None:
+            self._decode_step(pipeline=False)
 
     def _sample(self, logits, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
         from agentrl.engine.sampling import sample_next
 
         return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
-    def _append_token(self, seq: Sequence, token: int, logprob: float) -> None:
+    def _append_token(self, seq: Sequence, token: int, logprob: float, *, count: bool = True) -> None:
         seq.output_ids.append(token)
         seq.output_logprobs.append(logprob)
-        self.generated_tokens += 1
-        self.metrics.generated_tokens.inc()
+        if count:
+            self.generated_tokens += 1
+            self.metrics.generated_tokens.inc()
         reason = self._finish_reason_after(seq, token)
         if reason is not None:
             seq.pending_finish_reason = reason

@@ -96,3 +96,24 @@ def test_triton_decode_attention_matches_sdpa(dtype, rows, columns, masked):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float()[:, None, None, :], scale=0.125)
     assert ((out - ref).norm() / ref.norm()).item() < (1e-5 if dtype == "float32" else 2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="decode_attention.py is a Triton kernel for CUDA")
+def test_triton_decode_attention_skips_columns_past_the_limit():
+    """With ``limit`` (the static batch's write column, where every row's mask ends) the kernel reads nothing
+    after it: the same result as attending over every column, even with non-finite values past it."""
+    from agentrl.engine.decode_attention import decode_attention
+
+    g = torch.Generator("cuda").manual_seed(7)
+    rows, columns, last = 3, 1024, 600
+    q = torch.randn((rows, 2, 7, 64), device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn((rows, 2, columns, 64), device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cols = torch.arange(columns, device="cuda")
+    starts = torch.tensor([0, 300, last], device="cuda")
+    allowed = (cols >= starts[:, None]) & (cols <= last)
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)
+    full = decode_attention(q, k, v, mask, 0.125)
+    k[:, :, last + 1 :], v[:, :, last + 1 :] = float("nan"), float("nan")  # never read with the limit
+    limited = decode_attention(q, k, v, mask, 0.125, torch.tensor([last], device="cuda"))
+    assert torch.isfinite(limited).all()
+    assert (limited.float() - full.float()).abs().max().item() < 1e-2  # bf16 output; split boundaries move

@@ -5,6 +5,7 @@ graph replays the same step)."""
 from __future__ import annotations
 
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -200,3 +201,63 @@ def test_compiled_sampler_draws_from_the_softmax_at_the_rows_temperature():
         p = torch.softmax(base / temps[i], -1)
         freq = torch.bincount(chosen[i * rows : (i + 1) * rows], minlength=8).float() / rows
         assert ((freq - p).abs() <= 5 * (p * (1 - p) / rows).sqrt() + 1e-3).all(), (i, freq, p)
+
+
+def test_steps_queued_ahead_keep_the_plain_forwards_log_probs(tiny_model, hf_model, hf_logprobs, monkeypatch):
+    """The scheduler queues the next captured step before appending this one's tokens when no row can finish
+    in between; rows finishing at different steps (and a request joining mid-way) still get exactly the
+    plain forward's log-probs. Here on CPU, the captured step replayed eagerly."""
+    import threading
+
+    from agentrl.engine.engine import Engine, EngineConfig
+    from agentrl.engine.protocol import SamplingParams
+    from agentrl.engine.scheduler import Sequence
+
+    runner = ModelRunner(str(tiny_model), dtype="float32", device="cpu", static_kv=True)
+    runner.cuda_graphs = True
+
+    def capture(step):
+        with torch.inference_mode():
+            step["forward"]()
+        step["graph"] = _EagerGraph(step)
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    engine = Engine(EngineConfig(str(tiny_model), device="cpu", static_kv=True, max_batch_size=8), runner=runner)
+    rng = random.Random(5)
+    prompts = [[1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(3, 25))] for _ in range(6)]
+    lengths = [12, 5, 9, 12, 3, 7]
+    done = threading.Event()
+    finished = []
+
+    class Inline:
+        def call_soon_threadsafe(self, fn):
+            fn()
+
+    def make(prompt, n):
+        seq = Sequence(prompt_ids=prompt, loop=Inline(), params=SamplingParams(max_new_tokens=n, temperature=1.1,
+                                                                               ignore_eos=True))
+
+        def notify():
+            if seq.finished:
+                finished.append(seq)
+                if len(finished) == len(prompts):
+                    done.set()
+        seq.notify = notify
+        return seq
+
+    seqs = [make(p, n) for p, n in zip(prompts, lengths, strict=True)]
+    engine.start()
+    try:
+        for seq in seqs[:5]:
+            engine.scheduler.submit(seq)
+        while not any(len(s.output_ids) >= 4 for s in seqs[:5]):
+            time.sleep(0.005)
+        engine.scheduler.submit(seqs[5])  # joins while steps are queued ahead
+        assert done.wait(120)
+    finally:
+        engine.shutdown()
+    assert engine.scheduler.pipelined_steps > 0
+    for seq in seqs:
+        assert seq.finish_reason["type"] == "length" and len(seq.output_ids) == seq.params.max_new_tokens
+        ref = hf_logprobs(hf_model, seq.prompt_ids, seq.output_ids, 1.1)
+        assert max(abs(a - b) for a, b in zip(seq.output_logprobs, ref, strict=True)) < TOL
