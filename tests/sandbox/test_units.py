@@ -327,9 +327,9 @@ class _GatedSandbox:
         return self.alive
 
 
-def test_pool_close_waits_for_a_sandbox_being_made_and_closes_it():
-    """A replacement still being made when the pool closes (the retry after an engine outage) is closed
-    before close() returns: nothing outlives the pool -- the dockerd-restart test's leak."""
+def _pool_whose_replacement_failed():
+    """A one-sandbox pool whose sandbox died and whose replacement failed (engine down): a retry is due
+    in 1 s. Returns (pool, the sandboxes made, the start gate, the engine's state)."""
     from agentrl.sandbox.pool import SandboxPool
 
     gate, made, engine_down = threading.Event(), [], {"down": False}
@@ -342,8 +342,15 @@ def test_pool_close_waits_for_a_sandbox_being_made_and_closes_it():
     pool = SandboxPool(size=1, factory=factory).start()
     sb = pool.acquire(timeout=1)
     sb.alive, engine_down["down"] = False, True
-    pool.release(sb)  # the replacement fails; a retry is due in 1 s
+    pool.release(sb)
     assert sb.closed and len(made) == 2 and not made[1].started
+    return pool, made, gate, engine_down
+
+
+def test_pool_close_waits_for_a_sandbox_being_made_and_closes_it():
+    """A replacement still being made when the pool closes (the retry after an engine outage) is closed
+    before close() returns: nothing outlives the pool -- the dockerd-restart test's leak."""
+    pool, made, gate, engine_down = _pool_whose_replacement_failed()
     gate.clear()
     engine_down["down"] = False
     deadline = time.monotonic() + 5
@@ -361,19 +368,7 @@ def test_pool_close_waits_for_a_sandbox_being_made_and_closes_it():
 
 
 def test_pool_close_cancels_a_retry_not_yet_due():
-    from agentrl.sandbox.pool import SandboxPool
-
-    gate, made, engine_down = threading.Event(), [], {"down": False}
-    gate.set()
-
-    def factory():
-        made.append(_GatedSandbox(gate, lambda: engine_down["down"]))
-        return made[-1]
-
-    pool = SandboxPool(size=1, factory=factory).start()
-    sb = pool.acquire(timeout=1)
-    sb.alive, engine_down["down"] = False, True
-    pool.release(sb)
+    pool, made, gate, engine_down = _pool_whose_replacement_failed()
     pool.close()
     engine_down["down"] = False
     time.sleep(1.5)  # past the retry's 1 s
