@@ -36,6 +36,7 @@ class EngineConfig:
     enable_memory_saver: bool = False
     static_kv: bool | None = None  # fixed KV buffers + CUDA-graph decode steps; None: on CUDA
     fused_ops: bool | None = None  # compiled RMSNorm / RoPE / SiLU gate (fused_ops.py); None: on CUDA
+    lean_decode: bool | None = None  # CPU decode steps by cpu_decode.py; None: on the CPU when the model is supported
 
 
 class WeightUpdateError(ValueError):
@@ -57,6 +58,14 @@ class Engine:
         from agentrl.engine.model_runner import decode_bucket
 
         self.runner.static_rows = decode_bucket(config.max_batch_size)  # static KV buffers: no regrowth
+        self.decoder = None  # cpu_decode.LeanDecoder: decode steps and the running batch, in the runner's place
+        if config.lean_decode is not False and self.runner.device.type == "cpu" and not self.runner.static_kv:
+            from agentrl.engine.cpu_decode import LeanDecoder
+
+            self.decoder = LeanDecoder.for_model(self.runner.model, self.runner.dtype, self.runner.device,
+                                                 rows=config.max_batch_size)
+            if self.decoder is None and config.lean_decode:
+                raise ValueError(f"lean_decode: {config.model_path} is not a model cpu_decode.py decodes")
         self.weight_version = config.weight_version
         self.metrics = EngineMetrics()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
@@ -67,6 +76,7 @@ class Engine:
             max_batch_size=config.max_batch_size,
             max_prefill_tokens=config.max_prefill_tokens,
             weight_version=lambda: self.weight_version,
+            decoder=self.decoder,
         )
         self.memory_released: set[str] = set()
         self._offloaded: dict[str, Any] | None = None
@@ -225,6 +235,8 @@ class Engine:
                 if "kv_cache" in self.memory_released:
                     self.scheduler.batch = self.runner.empty_batch()
                 self.runner.release_static()
+            elif self.decoder is not None and "kv_cache" in self.memory_released:
+                self.scheduler.batch = self.decoder.empty_batch()  # no rows run now: drop the slot buffers
 
         self.scheduler.call(op).result()
 

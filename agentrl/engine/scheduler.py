@@ -80,8 +80,12 @@ class Scheduler:
         max_batch_size: int = 64,
         max_prefill_tokens: int = 8192,
         weight_version: Callable[[], str],
+        decoder: Any = None,
     ) -> None:
+        """``decoder``: what runs decode steps and holds the running batch in place of ``runner`` (same
+        ``decode`` / ``empty_batch``, e.g. :class:`~agentrl.engine.cpu_decode.LeanDecoder`)."""
         self.runner = runner
+        self.decoder = decoder if decoder is not None else runner
         self.prefix_cache = prefix_cache
         self.metrics = metrics
         self.max_batch_size = max_batch_size
@@ -90,7 +94,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.admitting: list[Sequence] = []  # popped from the queue, being prefilled (abortable too)
-        self.batch = self.runner.empty_batch()
+        self.batch = self.decoder.empty_batch()
         self.paused = False
         self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._cond = threading.Condition()
@@ -146,7 +150,7 @@ class Scheduler:
             elif mode == "retract":
                 for seq in reversed(self.running):
                     self.waiting.appendleft(seq)
-                self.running, self.batch = [], self.runner.empty_batch()
+                self.running, self.batch = [], self.decoder.empty_batch()
 
         self.call(op).result()
 
@@ -205,7 +209,7 @@ class Scheduler:
                 with self._cond:
                     failed = [*self.running, *self.admitting, *self.waiting]
                     self.running, self.admitting, self.waiting = [], [], deque()
-                    self.batch = self.runner.empty_batch()
+                    self.batch = self.decoder.empty_batch()
                 for seq in failed:
                     self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
 
@@ -276,7 +280,7 @@ class Scheduler:
                 handle = launch(self.batch, tokens, [s.params for s in self.running], [s.generator for s in self.running])
                 drawn = None if handle is None else self.runner.collect(handle)
             if drawn is None:
-                logits, self.batch = self.runner.decode(self.batch, tokens)
+                logits, self.batch = self.decoder.decode(self.batch, tokens)
                 drawn = self._sample(logits, self.running)
         new_tokens, logprobs = drawn
         if pipeline and self.pipeline and launch is not None and self._may_pipeline(new_tokens):
@@ -362,10 +366,14 @@ class Scheduler:
                 self.prefix_cache.insert(kv_tokens, self.batch.row(i))
             reason = {"type": "abort", "message": seq.abort_message} if abort else seq.pending_finish_reason
             finished.append((seq, reason))
-        drop = set(rows)
-        keep = [i for i in range(len(self.running)) if i not in drop]
-        self.running = [self.running[i] for i in keep]
-        self.batch = self.batch.select(keep)
+        remove = getattr(self.batch, "remove", None)
+        if remove is not None:  # the batch fills the holes itself (cpu_decode.SlotBatchKV): rows change order
+            order = remove(rows)
+        else:
+            drop = set(rows)
+            order = [i for i in range(len(self.running)) if i not in drop]
+            self.batch = self.batch.select(order)
+        self.running = [self.running[i] for i in order]
         for seq, reason in finished:  # notify only once the scheduler's state no longer holds them
             self._finish(seq, reason)
 

@@ -153,8 +153,8 @@ def test_client_disconnect_aborts_a_non_streaming_request(client, server):
 
 
 def test_a_failing_step_aborts_in_flight_requests_and_the_engine_keeps_serving(client, server, monkeypatch):
-    runner = server.engine.runner
-    real_decode = runner.decode
+    decoder = server.engine.scheduler.decoder  # the runner, or on the CPU the lean decoder
+    real_decode = decoder.decode
     calls = {"n": 0}
 
     def flaky_decode(batch, tokens):
@@ -163,7 +163,7 @@ def test_a_failing_step_aborts_in_flight_requests_and_the_engine_keeps_serving(c
             raise RuntimeError("simulated kernel failure")
         return real_decode(batch, tokens)
 
-    monkeypatch.setattr(runner, "decode", flaky_decode)
+    monkeypatch.setattr(decoder, "decode", flaky_decode)
     out = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10}}).json()
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert "simulated kernel failure" in out["meta_info"]["finish_reason"]["message"]
