@@ -119,7 +119,8 @@ def warmup_question_ids(share: float) -> frozenset[str]:
 def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[str, ...] | list[str] = KINDS,
                    seed: int = 0, holdout: str = "country", warmup_share: float | None = None,
                    warmup_kinds: tuple[str, ...] | list[str] | None = None, warmup_synthetic: float = 0.0,
-                   train_synthetic: float = 0.0, train_search_credit: float = 0.0) -> list[dict[str, Any]]:
+                   train_synthetic: float = 0.0, train_search_credit: float = 0.0,
+                   synthetic_names: str = "made_up") -> list[dict[str, Any]]:
     """Questions of ``kinds`` from ``split`` (``"train"``, ``"warmup"`` or ``"heldout"``).
 
     ``holdout="country"``: the splits are disjoint by answer country (a held-out answer is never a training
@@ -137,7 +138,9 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     ``warmup_synthetic`` / ``train_synthetic``: that seeded share of the ``"warmup"`` / ``"train"`` questions
     (with ``n``) is replaced by a question of the same kind about made-up countries
     (``examples.search_r1.synthetic``), new for every seed: names no model can have memorised, so only
-    copying answers them. Held-out questions are always real.
+    copying answers them. Held-out questions are always real. ``synthetic_names`` (``made_up``, ``real``
+    or ``both``): where those worlds' names come from (``synthetic._draw_names``; ``real`` puts real names
+    in random relations).
 
     ``train_search_credit`` w: every ``"train"`` question carries ``search_credit`` w, so ``SearchR1Env``
     rewards GRPO's episodes w times the share of the expert's documents their searches ranked first, on
@@ -161,6 +164,10 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
     for name, share in (("warmup_synthetic", warmup_synthetic), ("train_synthetic", train_synthetic)):
         if not 0 <= share <= 1:
             raise ValueError(f"{name} must be in [0, 1], got {share!r}")
+    from examples.search_r1.synthetic import NAME_SOURCES
+
+    if synthetic_names not in NAME_SOURCES:
+        raise ValueError(f"synthetic_names must be one of {NAME_SOURCES}, got {synthetic_names!r}")
     if train_search_credit < 0:
         raise ValueError(f"train_search_credit must be >= 0, got {train_search_credit!r}")
     if warmup_kinds is not None:
@@ -204,7 +211,7 @@ def make_questions(n: int | None = None, *, split: str = "train", kinds: tuple[s
         from examples.search_r1.synthetic import synthetic_question
 
         made_up = random.Random(f"{seed}-synthetic-{split}")
-        out = [synthetic_question(q["kind"], made_up, f"{split}-{seed}-{i}") if made_up.random() < share else q
+        out = [synthetic_question(q["kind"], made_up, f"{split}-{seed}-{i}", synthetic_names) if made_up.random() < share else q
                for i, q in enumerate(out)]
         if split == "train" and train_search_credit:
             out = [{**q, "search_credit": train_search_credit} for q in out]

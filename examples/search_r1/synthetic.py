@@ -8,7 +8,9 @@ made-up country (``Lazasbu``, ``Civo``) can only be answered by copying. Each ta
 real corpus's sentences), and ``SearchR1Env`` searches them with the same BM25 instead of the real index.
 The held-out questions stay real; made-up ones go only to the warm-up and GRPO pools
 (``make_questions(synthetic_share=...)``). The names come from a fixed seeded pool (``name_pool()``), so
-the example's tokenizer can make each one token; every world assigns them afresh.
+the example's tokenizer can make each one token; every world assigns them afresh. A world may instead
+name real countries and capitals in random relations (``names="real"``): copying learned on made-up names
+did not carry over to real ones, whose tokens the held-out questions use.
 """
 
 from __future__ import annotations
@@ -52,10 +54,37 @@ def name_pool() -> tuple[str, ...]:
     return tuple(names)
 
 
-def _world(rng: random.Random) -> tuple[Country, list[Country]]:
+NAME_SOURCES = ("made_up", "real", "both")
+
+
+@cache
+def real_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The real country names and the real capitals that are no country's name, sorted."""
+    from examples.search_r1.corpus import countries
+
+    names = sorted({c.name for c in countries()})
+    return tuple(names), tuple(sorted({c.capital for c in countries() if c.capital} - set(names)))
+
+
+def _draw_names(rng: random.Random, names: str) -> list[str]:
+    """Seven country names and five capitals, all distinct. ``made_up``: from :func:`name_pool`; ``real``:
+    real country names as countries and real capitals as capitals, assigned at random (so a world says
+    "The capital of Nepal is Lima.": no fact about a real name can be memorised, and copying is learned on
+    the very tokens the held-out questions name); ``both``: each world one or the other, at even odds."""
+    if names not in NAME_SOURCES:
+        raise ValueError(f"unknown name source {names!r}; known: {NAME_SOURCES}")
+    if names == "both":
+        names = rng.choice(("made_up", "real"))
+    if names == "made_up":
+        return rng.sample(name_pool(), 12)
+    country_names, capitals = real_names()
+    return rng.sample(country_names, 7) + rng.sample(capitals, 5)
+
+
+def _world(rng: random.Random, names: str = "made_up") -> tuple[Country, list[Country]]:
     """The answer country ``z`` and its three neighbours x, y, w (each with one more neighbour of its own,
-    so x and y share only z); every name distinct, drawn from :func:`name_pool`."""
-    z, x, y, w, x2, y2, w2, *capitals = rng.sample(name_pool(), 12)
+    so x and y share only z); every name distinct, drawn as ``names`` says (:func:`_draw_names`)."""
+    z, x, y, w, x2, y2, w2, *capitals = _draw_names(rng, names)
 
     def country(name: str, capital: str, borders: list[str]) -> Country:
         return Country(name=name, code="", capital=capital, population=rng.randint(1_000, 99_999_999), area=None,
@@ -65,13 +94,14 @@ def _world(rng: random.Random) -> tuple[Country, list[Country]]:
     return zc, [country(x, capitals[1], [z, x2]), country(y, capitals[2], [z, y2]), country(w, capitals[3], [z, w2])]
 
 
-def synthetic_question(kind: str, rng: random.Random, key: str) -> dict[str, Any]:
-    """One ``kind`` question about made-up countries, shaped like ``questions.all_questions()``'s, plus
-    ``docs`` (``[country, field, text]`` rows) that ``SearchR1Env`` searches for this task."""
+def synthetic_question(kind: str, rng: random.Random, key: str, names: str = "made_up") -> dict[str, Any]:
+    """One ``kind`` question about a made-up world (names drawn as ``names`` says: :func:`_draw_names`),
+    shaped like ``questions.all_questions()``'s, plus ``docs`` (``[country, field, text]`` rows) that
+    ``SearchR1Env`` searches for this task."""
     if kind not in KINDS:
         raise ValueError(f"unknown question kind {kind!r}; known: {KINDS}")
     while True:
-        z, neighbours = _world(rng)
+        z, neighbours = _world(rng, names)
         x, y = neighbours[0], neighbours[1]
         if kind == "capital":
             q = (f"What is the capital of {z.name}?", z.capital, [f"capital of {z.name}"], [(z.name, "capital")])

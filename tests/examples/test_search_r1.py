@@ -382,6 +382,40 @@ def test_made_up_questions_are_answered_by_their_own_documents_and_never_held_ou
         make_questions(4, train_synthetic=1.5)
 
 
+def test_made_up_worlds_with_real_names_put_real_names_in_random_relations(renderer):
+    """synthetic_names="real": a made-up world names real countries and real capitals (the tokens held-out
+    questions name) in random relations answered by the world's own documents; "both" draws either kind;
+    an unknown source is refused before any question is made."""
+    import random
+
+    from examples.search_r1.synthetic import name_pool, real_names, synthetic_question, task_index
+
+    country_names, capitals = real_names()
+    true_capital = {c.name: c.capital for c in countries()}
+    rng = random.Random(5)
+    questions = [synthetic_question(kind, rng, str(i), "real") for i in range(25)
+                 for kind in ("capital", "neighbour_capital")]
+    for q in questions:
+        index = task_index(tuple(map(tuple, q["docs"])))
+        for query, need in zip(q["queries"], q["evidence"], strict=True):
+            top = index.search(query, k=1)[0]
+            assert (top.country, top.field) == tuple(need)
+        assert q["country"] in country_names and q["answers"][0] in capitals
+        assert expert_messages(q)[-1]["content"] == f"<answer>{q['answers'][0]}</answer>"
+        assert len(renderer.render(expert_messages(q), SearchR1Env.tool_schemas()).ids) < 512
+    # random relations: (almost) never the true capital, and the same country gets different capitals
+    assert sum(q["answers"][0] == true_capital[q["country"]] for q in questions) <= 1
+    pool = set(name_pool())
+    both = [synthetic_question("capital", rng, str(i), "both")["country"] for i in range(40)]
+    assert any(n in pool for n in both) and any(n in country_names for n in both)
+    kwargs = dict(kinds=("capital", "neighbour_capital"), holdout="question", warmup_share=0.75,
+                  warmup_synthetic=1.0)
+    warm = make_questions(20, split="warmup", seed=1, synthetic_names="real", **kwargs)
+    assert all(q["country"] in country_names and "docs" in q for q in warm)
+    with pytest.raises(ValueError, match="synthetic_names"):
+        make_questions(4, synthetic_names="invented", **kwargs)
+
+
 def test_search_credit_rewards_grpo_searches_that_find_the_expert_documents():
     """train_search_credit w: GRPO's questions add w x the share of the expert's documents an episode's
     searches ranked first; warm-up and held-out questions never carry it (eval_accuracy stays exact match)."""
