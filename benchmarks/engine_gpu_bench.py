@@ -207,6 +207,28 @@ def profile_engine(args, engine, shape: str, concurrency: int, vocab: int, sync,
     if out_dir is not None:
         from torch.profiler import ProfilerActivity, profile
 
+        # one decode step's kernels alone: replays of the captured step of this concurrency's bucket
+        key = max((k for k, st in runner._graphs.items() if st.get("graph") is not None and k[0] <= concurrency
+                   and k[2]), default=None)
+        if key is not None:
+            step = runner._graphs[key]
+            with torch.inference_mode():
+                snapshot = [t.clone() for t in (step["ids"], step["positions"], step["column"])]
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    step["graph"].replay()
+                torch.cuda.synchronize()
+            with torch.inference_mode():
+                for t, v in zip((step["ids"], step["positions"], step["column"]), snapshot, strict=True):
+                    t.copy_(v)
+            step.pop("state", None)
+            kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+            result["replay_kernels_per_step"] = len(kernels) / 10
+            with (out_dir / "profile_tables.txt").open("a") as f:
+                f.write(f"==== {shape} c={concurrency}: 10 replays of the captured step of bucket {key[0]} "
+                        f"({len(kernels) / 10:.0f} kernels per step)\n"
+                        f"{prof.key_averages().table(sort_by='cuda_time_total', row_limit=30)}\n")
+
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             engine_run(engine, prompts_for(concurrency, args.prompt_len, vocab, seed=30_000 + concurrency), 16, sync)
         tag = f"{shape} c={concurrency} {'fused' if runner.fused_sampling else 'logits'} (16-token run)"
@@ -237,12 +259,18 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                                      prefix_cache_tokens=0, static_kv=mode == "static",
                                      fused_ops=False if args.no_fused_ops else None))
         engine.runner.fused_sampling = not args.no_fused_sampling
+        if args.no_fused_decoder:  # transformers' modules (with the compiled ops) instead of fused_decoder.py
+            engine.runner.fused_decoder, engine.runner.fused_prefill = None, False
+        elif args.no_fused_prefill:
+            engine.runner.fused_prefill = False
         engine.scheduler.pipeline = not args.no_pipeline
         if args.no_triton_attention:
             from agentrl.engine import attention
 
             attention.TRITON_DECODE = False
-        print(json.dumps({"engine_ready_s": time.perf_counter() - built, "fused_ops": engine.runner.fused_ops}), flush=True)
+        print(json.dumps({"engine_ready_s": time.perf_counter() - built, "fused_ops": engine.runner.fused_ops,
+                          "fused_decoder": engine.runner.fused_decoder is not None,
+                          "fused_prefill": engine.runner.fused_prefill}), flush=True)
         engine.start()
         try:
             engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
@@ -255,6 +283,8 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                 r["pipelined_steps"] = engine.scheduler.pipelined_steps - pipelined
                 rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
                              "fused_ops": engine.runner.fused_ops, "decode_sdpa": args.decode_sdpa,
+                             "fused_decoder": engine.runner.fused_decoder is not None,
+                             "fused_prefill": engine.runner.fused_prefill,
                              "triton_attention": __import__("agentrl.engine.attention").engine.attention.TRITON_DECODE,
                              "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed,
                              "fused_sampling": engine.runner.fused_sampling})
@@ -307,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
                         "with and without sampling in the captured step (and torch.profiler tables on cuda)")
     p.add_argument("--no-fused-sampling", action="store_true", help="engine: sample on the host side (the old path)")
     p.add_argument("--no-fused-ops", action="store_true", help="engine: transformers' eager RMSNorm/RoPE/SiLU")
-    p.add_argument("--no-triton-attention", action="store_true", help="engine: SDPA for the decode attention")
+    p.add_argument("--no-triton-attention", action="store_true",
+                   help="engine: SDPA for the decode attention of transformers' modules (with --no-fused-decoder)")
+    p.add_argument("--no-fused-decoder", action="store_true",
+                   help="engine: transformers' modules for decode and prefill (fused_decoder.py off)")
+    p.add_argument("--no-fused-prefill", action="store_true", help="engine: transformers' modules for the prefill")
     p.add_argument("--no-pipeline", action="store_true", help="engine: collect every step before queuing the next")
     p.add_argument("--decode-sdpa", default=None, choices=["efficient", "cudnn", "math", "flash"],
                    help="engine: force this SDPA backend for the one-token decode attention")

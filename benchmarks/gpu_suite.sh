@@ -2,7 +2,7 @@
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
 # come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs englogprobs engine engine2 engine3 engprof engab trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
+# parts: env logprobs englogprobs engine engine2 engine3 engprof engab engkern trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
 # packing (default: env logprobs
 # engine trainer delta ipc packing); engine2: the CUDA-graph
 # engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02; engine3: the 0.5B
@@ -26,7 +26,8 @@ for part in $parts; do
       { nvidia-smi; python3 -c "import torch, transformers, megatron.core as m; print(torch.__version__, torch.version.cuda, transformers.__version__, m.__version__)"; } 2>&1 | tee "$OUT/env.txt" ;;
     logprobs)
       timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
-        tests/engine/test_attention.py tests/weights/test_delta_diff.py tests/trainer/test_fast_optimizer.py \
+        tests/engine/test_attention.py tests/engine/test_fused_decoder.py tests/weights/test_delta_diff.py \
+        tests/trainer/test_fast_optimizer.py \
         tests/trainer/test_fused_logprobs.py \
         2>&1 | tail -5 | tee "$OUT/logprobs_cuda.txt" ;;
     engine)
@@ -41,9 +42,12 @@ for part in $parts; do
         --concurrency 1 32 128 256 --engine-modes static --hf-modes static --hf-concurrency 1 128 \
         --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -16 ;;
     englogprobs)  # the engine's log-prob tests alone (the fused decode step's included) on CUDA
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
+      timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
         tests/engine/test_attention.py tests/engine/test_model_runner.py tests/engine/test_sampling.py \
-        2>&1 | tail -15 | tee "$OUT/logprobs_cuda.txt" ;;
+        tests/engine/test_fused_decoder.py 2>&1 | tail -40 | tee "$OUT/logprobs_cuda.txt" ;;
+    engkern)  # the fused decoder's kernels at decode shapes against what they replace (decode_kernels_bench.py)
+      timeout 150 python3 benchmarks/decode_kernels_bench.py --out "$OUT/decode_kernels.json" 2>&1 \
+        | grep -v -i warn | tail -12 ;;
     engprof)  # engine3's rows, plus per-phase timings of a decode iteration at c=1/128 (sampling in the
       # captured step, and on the host as before) and torch.profiler tables of short runs
       timeout 480 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b \
@@ -51,7 +55,7 @@ for part in $parts; do
         --out "$OUT/engine_gpu_bench.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -40 ;;
     engab)  # A/Bs of the engine alone at c=1/128: steps not queued ahead, without the Triton decode attention
       # (SDPA: cuDNN), host-side sampling, without the compiled ops (and so without the Triton attention);
-      # ENGAB overrides the list
+      # ENGAB overrides the list (e.g. "nofd:--no-fused-decoder nofp:--no-fused-prefill")
       for v in ${ENGAB:-"nopipe:--no-pipeline" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling" "nofused:--no-fused-ops"}; do
         timeout 150 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
           --engine-modes static --hf-modes ${v#*:} --out "$OUT/engine_ab_${v%%:*}.json" 2>&1 \

@@ -4,8 +4,9 @@ Shapes as ``attention.decode_sdpa_attention_forward`` hands them: ``q`` ``[B, H_
 heads that share a KV head as its query positions), ``k``/``v`` ``[B, H_kv, T, D]``, an additive mask
 ``[B, T]`` shared by every head (or none). The ``T`` columns are cut into ``S`` splits so that a small
 batch still fills the chip (at one row over 1,024 columns cuDNN's SDPA ran one 17 us kernel per layer on an
-H200); each program keeps an online softmax over its split, a second kernel merges the splits. Columns past the
-last one any row may see (``limit``, read on the device) are not read at all. fp32 inputs
+H200); each program keeps an online softmax over its split, a second kernel merges the splits (none when one
+split suffices). Columns past the last one any row may see (``limit``, read on the device) are not read at all;
+given each row's span instead of a mask (``positions``), a row reads its own columns alone (no left padding). fp32 inputs
 multiply in IEEE fp32 (no tf32), so fp32 results match SDPA's to rounding; bf16/fp16 inputs use the
 tensor cores with fp32 accumulation, as the fused SDPA kernels do.
 """
@@ -22,11 +23,12 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(Q, K, V, M, Limit, Acc, Mx, Sm,
-                       sqb, sqh, sqg, skb, skh, skt, svb, svh, svt, smb,
+    def partial_kernel(Q, K, V, M, Limit, Pos, Acc, Mx, Sm, Out, Cos, Sin,
+                       sqb, sqh, sqg, skb, skh, skt, svb, svh, svt, smb, spb, sob, soh, sog, off_k, off_v,
                        G, T, per_split, scale,
-                       HAS_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_N: tl.constexpr, D: tl.constexpr):
+                       HAS_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_SPAN: tl.constexpr, DIRECT: tl.constexpr,
+                       ROPE: tl.constexpr, IEEE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                       D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -36,13 +38,35 @@ def _kernels():
         offs_d = tl.arange(0, D)
         offs_n = tl.arange(0, BLOCK_N)
         q = tl.load(Q + b * sqb + h * sqh + offs_g[:, None] * sqg + offs_d[None, :], mask=offs_g[:, None] < G, other=0.0)
+        if ROPE:  # q, and this step's k, rotated here from the fused projection (rope_scatter's arithmetic)
+            half: tl.constexpr = D // 2
+            partner = (offs_d + half) % D
+            sign = tl.where(offs_d < half, -1.0, 1.0)
+            pos = tl.load(Pos + b * spb).to(tl.int64)
+            cos = tl.load(Cos + pos * D + offs_d).to(tl.float32)
+            sin = tl.load(Sin + pos * D + offs_d).to(tl.float32)
+            qp = tl.load(Q + b * sqb + h * sqh + offs_g[:, None] * sqg + partner[None, :], mask=offs_g[:, None] < G,
+                         other=0.0)
+            q = (q.to(tl.float32) * cos[None, :] + sign[None, :] * qp.to(tl.float32) * sin[None, :]).to(q.dtype)
+            k_row = Q + b * sqb + off_k + h * D
+            k_new = (tl.load(k_row + offs_d).to(tl.float32) * cos
+                     + sign * tl.load(k_row + partner).to(tl.float32) * sin).to(q.dtype)
+            v_new = tl.load(Q + b * sqb + off_v + h * D + offs_d)
         m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
-        start = s * per_split
-        end = tl.minimum(start + per_split, T)
-        if HAS_LIMIT:  # no row attends past this column (read on the device: graph replays move it)
-            end = tl.minimum(end, tl.load(Limit).to(tl.int32) + 1)
+        if HAS_SPAN:  # row b attends to columns column - positions[b] .. column: its span, split evenly
+            last = tl.load(Limit).to(tl.int32)
+            first = last - tl.load(Pos + b * spb).to(tl.int32)
+            stop = last if ROPE else last + 1  # with ROPE the new column is not read: split 0 adds it below
+            per = tl.cdiv(tl.cdiv(stop - first, BLOCK_N), ns) * BLOCK_N
+            start = first + s * per
+            end = tl.minimum(start + per, stop)
+        else:
+            start = s * per_split
+            end = tl.minimum(start + per_split, T)
+            if HAS_LIMIT:  # no row attends past this column (read on the device: graph replays move it)
+                end = tl.minimum(end, tl.load(Limit).to(tl.int32) + 1)
         for n0 in range(start, end, BLOCK_N):
             cols = n0 + offs_n
             valid = cols < end
@@ -67,42 +91,52 @@ def _kernels():
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        row = (b * nh + h) * ns + s
-        tl.store(Acc + (row * BLOCK_G + offs_g[:, None]) * D + offs_d[None, :], acc)
-        tl.store(Mx + row * BLOCK_G + offs_g, m_i)
-        tl.store(Sm + row * BLOCK_G + offs_g, l_i)
+        if ROPE:  # noqa: SIM102 - a constexpr branch: the inner one is a run-time branch
+            if s == 0:  # this step's k and v: written to the cache, and attended to from registers
+                tl.store(K + b * skb + h * skh + last * skt + offs_d, k_new)
+                tl.store(V + b * svb + h * svh + last * svt + offs_d, v_new)
+                s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale
+                m_new = tl.maximum(m_i, s_new)
+                alpha = tl.exp(m_i - m_new)
+                p_new = tl.exp(s_new - m_new)
+                l_i = l_i * alpha + p_new
+                acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+                m_i = m_new
+        if DIRECT:  # one split: the output itself
+            out = acc / l_i[:, None]
+            tl.store(Out + b * sob + h * soh + offs_g[:, None] * sog + offs_d[None, :], out.to(Out.dtype.element_ty),
+                     mask=offs_g[:, None] < G)
+        else:
+            row = (b * nh + h) * ns + s
+            tl.store(Acc + (row * BLOCK_G + offs_g[:, None]) * D + offs_d[None, :], acc)
+            tl.store(Mx + row * BLOCK_G + offs_g, m_i)
+            tl.store(Sm + row * BLOCK_G + offs_g, l_i)
 
     @triton.jit
-    def combine_kernel(Acc, Mx, Sm, Out, sob, soh, sog, G, S,
-                       BLOCK_G: tl.constexpr, D: tl.constexpr):
+    def combine_kernel(Acc, Mx, Sm, Out, sob, soh, sog, S,
+                       BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
+        """One query row (b, h, g): its splits merged at once (no loop over them)."""
         b = tl.program_id(0)
         h = tl.program_id(1)
+        g = tl.program_id(2)
         nh = tl.num_programs(1)
-        offs_g = tl.arange(0, BLOCK_G)
+        offs_s = tl.arange(0, BLOCK_S)
         offs_d = tl.arange(0, D)
-        m_all = tl.full([BLOCK_G], -float("inf"), tl.float32)
-        l_all = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, D], tl.float32)
-        for s in range(0, S):
-            row = (b * nh + h) * S + s
-            m_s = tl.load(Mx + row * BLOCK_G + offs_g)
-            l_s = tl.load(Sm + row * BLOCK_G + offs_g)
-            a_s = tl.load(Acc + (row * BLOCK_G + offs_g[:, None]) * D + offs_d[None, :])
-            m_new = tl.maximum(m_all, m_s)
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            w_old = tl.exp(m_all - m_safe)
-            w_s = tl.exp(m_s - m_safe)
-            l_all = l_all * w_old + l_s * w_s
-            acc = acc * w_old[:, None] + a_s * w_s[:, None]
-            m_all = m_new
-        out = acc / l_all[:, None]
-        tl.store(Out + b * sob + h * soh + offs_g[:, None] * sog + offs_d[None, :], out.to(Out.dtype.element_ty),
-                 mask=offs_g[:, None] < G)
+        valid = offs_s < S
+        rows = (b * nh + h) * S + offs_s
+        m_s = tl.load(Mx + rows * BLOCK_G + g, mask=valid, other=-float("inf"))
+        l_s = tl.load(Sm + rows * BLOCK_G + g, mask=valid, other=0.0)
+        a_s = tl.load(Acc + (rows[:, None] * BLOCK_G + g) * D + offs_d[None, :], mask=valid[:, None], other=0.0)
+        m = tl.max(m_s, 0)
+        w = tl.exp(m_s - tl.where(m == -float("inf"), 0.0, m))  # a split with no column weighs 0
+        out = tl.sum(a_s * w[:, None], 0) / tl.sum(l_s * w, 0)
+        tl.store(Out + b * sob + h * soh + g * sog + offs_d, out.to(Out.dtype.element_ty))
 
     return partial_kernel, combine_kernel
 
 
 BLOCK_N = 64
+PROGRAMS = 132
 
 
 def supported(q, k, v, mask) -> bool:
@@ -116,34 +150,57 @@ def supported(q, k, v, mask) -> bool:
             and (mask is None or (mask.is_floating_point() and mask.shape[-1] == k.shape[2] and mask.stride(-1) == 1)))
 
 
-def decode_attention(q, k, v, mask, scale: float | None = None, limit=None):
+def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, positions=None, splits: int | None = None,
+                     block_n: int = BLOCK_N, num_warps: int = 4, rope=None):
     """``softmax(q k^T * scale + mask) v`` per (row, KV head): ``q`` ``[B, H_kv, G, D]``, ``k``/``v``
     ``[B, H_kv, T, D]``, ``mask`` ``[B, T]`` additive or None; ``limit``: a one-element integer device tensor,
     the last column any row may attend to (columns after it are skipped, not read: the static decode
-    batch's ``column``). Returns ``[B, H_kv, G, D]`` in ``q``'s dtype."""
+    batch's ``column``). With ``positions`` (``[B]`` or ``[B, 1]`` integers, and ``limit``, no mask): row ``b``
+    attends to columns ``limit - positions[b] .. limit`` alone, its own tokens and the new one (nothing left
+    of them is read). ``splits``: programs per (row, KV head) (default: about one per multiprocessor);
+    ``block_n``/``num_warps``: the tile of columns and the warps per program. ``rope`` (with ``positions``):
+    ``(cos, sin, k_offset, v_offset)``: ``q`` is the query part of a fused q/k/v projection row (as a view),
+    rotated here with the ``[positions, D]`` tables at each row's position, and this step's k and v are read
+    from that row at the given element offsets, rotated (k), written into ``k``/``v`` at column ``limit`` and
+    attended to from registers (``decoder_kernels.rope_scatter`` and this in one kernel).
+    Returns ``[B, H_kv, G, D]`` in ``q``'s dtype."""
     import torch
 
     partial_kernel, combine_kernel = _kernels()
     b, hk, g, d = q.shape
     t = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    tiles = -(-t // BLOCK_N)
-    splits = max(1, min(tiles, -(-264 // (b * hk))))  # ~2 programs per multiprocessor (132 on an H200)
-    per_split = -(-tiles // splits) * BLOCK_N
-    splits = -(-t // per_split)
+    tiles = -(-t // block_n)
+    span = positions is not None
+    if span and (limit is None or mask is not None):
+        raise ValueError("decode_attention: positions need limit and no mask")
+    if rope is not None and not span:
+        raise ValueError("decode_attention: rope needs positions")
+    cos, sin, off_k, off_v = rope if rope is not None else (q, q, 0, 0)
+    if splits is None:  # about one program per multiprocessor (132 on an H200); one split needs no merge kernel
+        splits = max(1, min(tiles, -(-PROGRAMS // (b * hk))))
+    per_split = -(-tiles // splits) * block_n
+    if not span:
+        splits = -(-t // per_split)
     block_g = 16
-    acc = torch.empty((b, hk, splits, block_g, d), dtype=torch.float32, device=q.device)
-    mx = torch.empty((b, hk, splits, block_g), dtype=torch.float32, device=q.device)
-    sm = torch.empty_like(mx)
+    direct = splits == 1
     out = torch.empty((b, hk, g, d), dtype=q.dtype, device=q.device)
+    if direct:
+        acc = mx = sm = out
+    else:
+        acc = torch.empty((b, hk, splits, block_g, d), dtype=torch.float32, device=q.device)
+        mx = torch.empty((b, hk, splits, block_g), dtype=torch.float32, device=q.device)
+        sm = torch.empty_like(mx)
     m = mask if mask is not None else q
     partial_kernel[(b, hk, splits)](
-        q, k, v, m, limit if limit is not None else q, acc, mx, sm,
+        q, k, v, m, limit if limit is not None else q, positions if span else q, acc, mx, sm, out, cos, sin,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), m.stride(0) if mask is not None else 0,
+        positions.stride(0) if span else 0, out.stride(0), out.stride(1), out.stride(2), off_k, off_v,
         g, t, per_split, scale,
-        HAS_MASK=mask is not None, HAS_LIMIT=limit is not None, IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=d,
-        num_warps=4)
-    combine_kernel[(b, hk)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), g, splits,
-                            BLOCK_G=block_g, D=d, num_warps=4)
+        HAS_MASK=mask is not None, HAS_LIMIT=limit is not None, HAS_SPAN=span, DIRECT=direct, ROPE=rope is not None,
+        IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=block_n, D=d, num_warps=num_warps)
+    if not direct:
+        combine_kernel[(b, hk, g)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), splits,
+                                   BLOCK_S=1 << (splits - 1).bit_length(), BLOCK_G=block_g, D=d, num_warps=1)
     return out

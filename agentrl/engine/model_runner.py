@@ -338,7 +338,9 @@ class ModelRunner:
         """``static_kv``: hold the running batch in :class:`StaticBatchKV` (default: on CUDA); ``cuda_graphs``:
         replay captured decode steps (default: with ``static_kv`` on CUDA; a capture that fails falls back to
         running the step eagerly, logged once); ``fused_ops``: compiled RMSNorm, rotary embedding and SiLU
-        gate in place of transformers' (``fused_ops.py``; default: on CUDA, kept only if its check passes)."""
+        gate in place of transformers' (``fused_ops.py``; default: on CUDA, kept only if its check passes), and
+        on CUDA the engine's own decode step and prefill for Qwen2/Llama-shaped models (``fused_decoder.py``,
+        likewise checked; it joins each layer's q/k/v and gate/up weights into one buffer)."""
         import contextlib
 
         import torch
@@ -356,22 +358,32 @@ class ModelRunner:
                 region = torch_memory_saver.region(tag="weights", enable_cpu_backup=True)
         from agentrl.engine.attention import register
 
+        fused = bool(fused_ops or (fused_ops is None and self.device.type == "cuda"))
         with region:
             # SDPA, with decode steps of grouped-query models on the KV heads as they are (attention.py)
             self.model = AutoModelForCausalLM.from_pretrained(
                 model_path, dtype=self.dtype, attn_implementation=register()
             ).to(self.device)
+            if fused and self.device.type == "cuda":
+                from agentrl.engine.fused_decoder import join_projections, unsupported_reason
+
+                if unsupported_reason(self.model) is None:  # the joined buffers are weights: in the region too
+                    join_projections(self.model)
         self.model.eval()
-        self.fused_ops = False
-        if fused_ops or (fused_ops is None and self.device.type == "cuda"):
-            self.fused_ops = self._install_fused_ops()
-        self.triton_attention = self.device.type == "cuda" and self.fused_ops and self._check_decode_attention()
         config = self.model.config
         self.context_length: int = int(getattr(config, "max_position_embeddings", 2048))
         self.vocab_size: int = int(self.model.get_input_embeddings().weight.shape[0])
         self.eos_token_ids: set[int] = _eos_ids(self.model, self.tokenizer)
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.fused_decoder = None  # fused_decoder.FusedDecoder: decode steps (and new prefills) in fewer kernels
+        self.fused_prefill = False
+        if fused and self.device.type == "cuda":
+            from agentrl.engine.fused_decoder import build
+
+            self.fused_decoder, self.fused_prefill = build(self.model, self.context_length, self._cache_arg)
+        self.fused_ops = self._install_fused_ops() if fused else False
+        self.triton_attention = self.device.type == "cuda" and self.fused_ops and self._check_decode_attention()
         on_cuda = self.device.type == "cuda"
         self.static_kv = on_cuda if static_kv is None else static_kv
         self.cuda_graphs = bool(self.static_kv and on_cuda and (True if cuda_graphs is None else cuda_graphs))
@@ -383,6 +395,8 @@ class ModelRunner:
         self._param_list: list[Any] | None = None
         # decode steps on CUDA graphs draw their tokens inside the graph (decode_sample)
         self.fused_sampling = True
+        self._rows_key: tuple | None = None  # launch_sample's rows, and their (fusable, temperatures, greedy)
+        self._rows_sampling: tuple = (False, [], [])
 
     def _install_fused_ops(self) -> bool:
         """Patch in the compiled ops, checked against this model's own eager logits at the shapes a run
@@ -501,6 +515,8 @@ class ModelRunner:
         import torch
 
         pasts = [past[0][0].shape[1] if past else 0 for _, past in items]
+        if self.fused_prefill and not any(pasts):
+            return self._fused_prefill([tokens for tokens, _ in items])
         news = [len(tokens) - p for (tokens, _), p in zip(items, pasts, strict=True)]
         B, P, N = len(items), max(pasts), max(news)
         dev = self.device
@@ -552,6 +568,17 @@ class ModelRunner:
             kvs.block = full
         return out.logits[:, -1], kvs
 
+    def _fused_prefill(self, sequences: list[list[int]]) -> tuple[torch.Tensor, PrefillKV]:
+        import torch
+
+        with torch.inference_mode():
+            logits, block = self.fused_decoder.prefill(sequences)
+        width = block[0][0].shape[2]
+        kvs = PrefillKV([(k[b, :, width - len(seq) :], v[b, :, width - len(seq) :]) for k, v in block]
+                        for b, seq in enumerate(sequences))
+        kvs.block = block
+        return logits, kvs
+
     def decode(self, batch: BatchKV | StaticBatchKV, tokens: list[int]) -> tuple[torch.Tensor, BatchKV | StaticBatchKV]:
         """Feed one token per row; return logits [B, V] and the batch KV (grown in place)."""
         import torch
@@ -587,10 +614,11 @@ class ModelRunner:
             step["ids"].copy_(torch.tensor(tokens + [0] * (bucket - n), device=self.device).unsqueeze(1))
             step["positions"].copy_(lengths.unsqueeze(1))
             step["column"].fill_(width)
-            cols = torch.arange(batch.columns, device=self.device)
-            # row i sees its own span and the new column; idle rows only the new column (finite, discarded)
-            allowed = (cols.unsqueeze(0) >= (width - lengths).unsqueeze(1)) & (cols.unsqueeze(0) <= width)
-            step["mask"].copy_(torch.where(allowed, 0.0, torch.finfo(self.dtype).min)[:, None, None, :])
+            if self.fused_decoder is None:  # the fused decoder derives each row's span from positions and column
+                cols = torch.arange(batch.columns, device=self.device)
+                # row i sees its own span and the new column; idle rows only the new column (finite, discarded)
+                allowed = (cols.unsqueeze(0) >= (width - lengths).unsqueeze(1)) & (cols.unsqueeze(0) <= width)
+                step["mask"].copy_(torch.where(allowed, 0.0, torch.finfo(self.dtype).min)[:, None, None, :])
         if self.cuda_graphs and not self._graph_failed and step["graph"] is None:
             self._capture(step)  # with this step's inputs in place: its warm-up writes only column ``width``
         with torch.inference_mode():
@@ -621,18 +649,25 @@ class ModelRunner:
         the caller may do host work, but must not change the batch."""
         from agentrl.engine.sampling import fusable
 
-        if not (self.fused_sampling and self.cuda_graphs and not self._graph_failed
-                and isinstance(batch, StaticBatchKV) and fusable(params, generators, self.vocab_size)):
+        if not (self.fused_sampling and self.cuda_graphs and not self._graph_failed and isinstance(batch, StaticBatchKV)):
+            return None
+        n = len(tokens)
+        # the rows' sampling, worked out again only when the rows or their parameters change
+        rows_key = (id(batch), batch.generation, batch.version, tuple(map(id, params)), tuple(map(id, generators)))
+        if self._rows_key != rows_key:
+            self._rows_key = rows_key
+            self._rows_sampling = (fusable(params, generators, self.vocab_size),
+                                   [1.0 if p.greedy else float(p.temperature) for p in params],
+                                   [bool(p.greedy) for p in params])
+        ok, temps, greedy = self._rows_sampling
+        if not ok:
             return None
         import torch
 
-        n = len(tokens)
         bucket = decode_bucket(n)
         batch.reserve(bucket)
         width = batch.width
         step = self._static_step(batch, bucket, fused=True)
-        temps = [1.0 if p.greedy else float(p.temperature) for p in params]
-        greedy = [bool(p.greedy) for p in params]
         state = (id(batch), batch.generation, batch.version, width, tokens, temps, greedy)
         fresh = step["graph"] is None
         if fresh:
@@ -710,6 +745,8 @@ class ModelRunner:
                     done=torch.cuda.Event() if dev.type == "cuda" else None,
                     blocked=torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev),
                     open=torch.zeros((), dtype=self.dtype, device=dev),
+                    # the fused decoder's sampler: Philox key, stepped by every replay (from torch's generator)
+                    seed=torch.randint(0, 2**62, (1,), dtype=torch.long).to(dev),
                 )
             else:
                 step["mask"] = torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev)
@@ -717,7 +754,12 @@ class ModelRunner:
 
         from agentrl.engine.attention import decode_limit
 
+        fused_decoder = self.fused_decoder
+        keys, values = [k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values]
+
         def run() -> torch.Tensor:
+            if fused_decoder is not None:
+                return fused_decoder.decode_logits(step["ids"], step["positions"], step["column"], keys, values)
             with self._forward_context(), decode_limit(step["column"]):
                 out = self.model(input_ids=step["ids"], attention_mask=step["mask"], position_ids=step["positions"],
                                  use_cache=True, **{self._cache_arg: cache})
@@ -725,6 +767,12 @@ class ModelRunner:
 
         def run_fused() -> torch.Tensor:
             positions, column, cols = step["positions"], step["column"], step["cols"]
+            if fused_decoder is not None:  # its sampler also feeds the token back and advances the inputs
+                from agentrl.engine.decoder_kernels import sample
+
+                logits = fused_decoder.decode_logits(step["ids"], positions, column, keys, values)
+                sample(logits, step["temps"], step["greedy"], step["seed"], step["out"], step["ids"], positions, column)
+                return step["out"]
             # row i sees its own span and the new column; idle rows (length 0) only the new column
             allowed = (cols.unsqueeze(0) >= column - positions) & (cols.unsqueeze(0) <= column)
             mask = torch.where(allowed, step["open"], step["blocked"])[:, None, None, :]
@@ -760,6 +808,8 @@ class ModelRunner:
     def weights_moved(self) -> None:
         """The parameters' storage may have moved (memory released/resumed): drop the captured steps."""
         self._graphs.clear()
+        if self.fused_decoder is not None:  # released-and-resumed weights are no longer side by side
+            self.fused_decoder.rejoin()
         self._param_list = list(self.model.parameters())
         self._weights_key = (self._param_list[0].data_ptr(), self._param_list[-1].data_ptr())
 

@@ -1,0 +1,279 @@
+"""Triton kernels of the engine's own decoder forward (``fused_decoder.py``), CUDA only (imports Triton:
+imported lazily, by CUDA paths alone).
+
+Each replaces several of the kernels transformers' eager modules launch per layer, with the same arithmetic:
+
+* :func:`add_rms_norm`: the residual add (rounded to the model dtype, as eager's ``residual + x``) and the
+  RMSNorm after it (fp32 normalisation, cast back, times the weight in the model dtype): one kernel, two outputs.
+* :func:`rope_scatter`: rotary embedding of q and k straight from the fused q/k/v projection (``cos``/``sin``
+  read from tables that transformers' own rotary module computed once for every position), k and v written into a KV buffer at each token's (row, column): the rotary module, ``apply_rotary_pos_emb``
+  and the cache's two ``index_copy_`` in one kernel.
+* :func:`silu_mul`: ``silu(gate) * up`` from the fused gate/up projection.
+* :func:`sample`: the decode step's draw, Gumbel-max over the vocabulary split across programs, the Philox
+  uniforms generated in the kernel (no ``[rows, vocab]`` noise tensor), then a second kernel that merges the
+  splits, writes token and log-prob, and advances the step's inputs (token fed back, positions, column, seed)
+  so a captured step needs no other bookkeeping kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rms_norm_kernel(X, R, W, Out, ResOut, sx, sr, so, sro, N, eps,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < N
+    x = tl.load(X + row * sx + cols, mask=inside, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + row * sr + cols, mask=inside, other=0.0)
+        x = (r.to(tl.float32) + x.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(ResOut + row * sro + cols, x, mask=inside)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, 0) / N
+    normed = (h * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
+    w = tl.load(W + cols, mask=inside, other=0.0)
+    tl.store(Out + row * so + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(Out.dtype.element_ty),
+             mask=inside)
+
+@triton.jit
+def rope_scatter_kernel(QKV, sqkv, Pos, Cos, Sin, QOut, sqo, KOut, sko,
+                        KC, VC, skb, skh, skt, svb, svh, svt, Row, Col,
+                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                        DECODE: tl.constexpr, WRITE_K: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = D // 2
+    d = tl.arange(0, D)
+    heads = tl.arange(0, BLOCK_H)
+    pos = tl.load(Pos + t).to(tl.int64)
+    dtype = QKV.dtype.element_ty
+    cos = tl.load(Cos + pos * D + d).to(tl.float32)
+    sin = tl.load(Sin + pos * D + d).to(tl.float32)
+    sign = tl.where(d < half, -1.0, 1.0)
+    partner = (d + half) % D
+    base = QKV + t * sqkv
+    if DECODE:  # token t is row t, written at the batch's column
+        row = t
+        col = tl.load(Col).to(tl.int64)
+    else:
+        row = tl.load(Row + t).to(tl.int64)
+        col = tl.load(Col + t).to(tl.int64)
+    # q heads, then k heads (adjacent in the fused projection): rotated
+    qk = heads < HQ + HKV
+    x = tl.load(base + heads[:, None] * D + d[None, :], mask=qk[:, None], other=0.0).to(tl.float32)
+    xr = tl.load(base + heads[:, None] * D + partner[None, :], mask=qk[:, None], other=0.0).to(tl.float32)
+    y = (x * cos[None, :] + sign[None, :] * xr * sin[None, :]).to(dtype)
+    is_q = heads < HQ
+    tl.store(QOut + t * sqo + heads[:, None] * D + d[None, :], y, mask=is_q[:, None])
+    kh = heads - HQ
+    is_k = (heads >= HQ) & qk
+    if WRITE_K:
+        tl.store(KOut + t * sko + kh[:, None] * D + d[None, :], y, mask=is_k[:, None])
+    tl.store(KC + row * skb + kh[:, None] * skh + col * skt + d[None, :], y, mask=is_k[:, None])
+    # v heads: copied
+    vh = heads
+    is_v = vh < HKV
+    v = tl.load(base + (HQ + HKV) * D + vh[:, None] * D + d[None, :], mask=is_v[:, None], other=0.0)
+    tl.store(VC + row * svb + vh[:, None] * svh + col * svt + d[None, :], v, mask=is_v[:, None])
+
+@triton.jit
+def silu_mul_kernel(GU, sgu, Out, so, inner, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < inner
+    g = tl.load(GU + row * sgu + cols, mask=inside, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * sgu + inner + cols, mask=inside, other=0.0).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(Out.dtype.element_ty).to(tl.float32)  # eager rounds silu's output
+    tl.store(Out + row * so + cols, (act * u).to(Out.dtype.element_ty), mask=inside)
+
+@triton.jit
+def sample_partial_kernel(Logits, sl, Temps, Seed, PartF, PartI, V, per_split, QUARTER: tl.constexpr):
+    """One (row, split): every lane keeps its own running logsumexp, argmax and Gumbel race over the columns it
+    visits (no cross-lane reduction inside the loop); the lanes are reduced once at the end."""
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    ns = tl.num_programs(1)
+    inv_temp = 1.0 / tl.load(Temps + b)
+    seed = tl.load(Seed)
+    start = s * per_split
+    q = tl.arange(0, QUARTER)
+    m = tl.full([QUARTER], -float("inf"), tl.float32)
+    total = tl.zeros([QUARTER], tl.float32)
+    best = tl.full([QUARTER], -float("inf"), tl.float32)
+    best_i = tl.zeros([QUARTER], tl.int32)
+    race = tl.full([QUARTER], -float("inf"), tl.float32)
+    race_i = tl.zeros([QUARTER], tl.int32)
+    race_x = tl.zeros([QUARTER], tl.float32)
+    row = Logits + b.to(tl.int64) * sl
+    for c0 in range(start, start + per_split, 4 * QUARTER):
+        # four uniforms per Philox call: one for each quarter of the tile
+        u0, u1, u2, u3 = tl.rand4x(seed, b * V + c0 // 4 + q)
+        for j in tl.static_range(4):
+            cols = c0 + j * QUARTER + q
+            x = tl.load(row + cols, mask=cols < V, other=-float("inf")).to(tl.float32) * inv_temp
+            if j == 0:
+                u = u0
+            elif j == 1:
+                u = u1
+            elif j == 2:
+                u = u2
+            else:
+                u = u3
+            # logsumexp, one exp per entry: rescale the lane's sum when the entry is its new maximum
+            up = x > m
+            e = tl.exp(tl.where(up, m - x, x - m))
+            e = tl.where(x == -float("inf"), 0.0, e)  # past the vocabulary
+            total = tl.where(up, total * e + 1.0, total + e)
+            m = tl.maximum(m, x)
+            # strict: each lane keeps its earliest column among equal values (as torch.argmax)
+            take = x > best
+            best = tl.where(take, x, best)
+            best_i = tl.where(take, cols, best_i)
+            r = x - tl.log(-tl.log(u))
+            take = r > race
+            race = tl.where(take, r, race)
+            race_i = tl.where(take, cols, race_i)
+            race_x = tl.where(take, x, race_x)
+    big = 2147483647
+    m_all = tl.max(m, 0)
+    m_safe = tl.where(m_all == -float("inf"), 0.0, m_all)
+    total_all = tl.sum(total * tl.exp(m - m_safe), 0)
+    best_all = tl.max(best, 0)
+    best_at = tl.min(tl.where(best == best_all, best_i, big), 0)
+    race_all = tl.max(race, 0)
+    race_at = tl.min(tl.where(race == race_all, race_i, big), 0)
+    race_x_all = tl.max(tl.where((race == race_all) & (race_i == race_at), race_x, -float("inf")), 0)
+    k = b * ns + s
+    tl.store(PartF + k * 5 + 0, m_all)
+    tl.store(PartF + k * 5 + 1, total_all)
+    tl.store(PartF + k * 5 + 2, best_all)
+    tl.store(PartF + k * 5 + 3, race_all)
+    tl.store(PartF + k * 5 + 4, race_x_all)
+    tl.store(PartI + k * 2 + 0, best_at)
+    tl.store(PartI + k * 2 + 1, race_at)
+
+
+@triton.jit
+def sample_combine_kernel(PartF, PartI, S, Greedy, Out, so, Ids, Pos, Column, Seed, ADVANCE: tl.constexpr,
+                          BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_S)
+    valid = offs < S
+    k = b * S + offs
+    ms = tl.load(PartF + k * 5 + 0, mask=valid, other=-float("inf"))
+    ls = tl.load(PartF + k * 5 + 1, mask=valid, other=0.0)
+    m = tl.max(ms, 0)
+    lse = m + tl.log(tl.sum(ls * tl.exp(ms - m), 0))
+    big = 2147483647
+    bs = tl.load(PartF + k * 5 + 2, mask=valid, other=-float("inf"))
+    best = tl.max(bs, 0)
+    best_i = tl.min(tl.where(bs == best, tl.load(PartI + k * 2 + 0, mask=valid, other=big), big), 0)
+    rs = tl.load(PartF + k * 5 + 3, mask=valid, other=-float("inf"))
+    race = tl.max(rs, 0)
+    ri = tl.load(PartI + k * 2 + 1, mask=valid, other=big)
+    race_i = tl.min(tl.where(rs == race, ri, big), 0)
+    race_x = tl.max(tl.where((rs == race) & (ri == race_i), tl.load(PartF + k * 5 + 4, mask=valid, other=0.0),
+                             -float("inf")), 0)
+    greedy = tl.load(Greedy + b) != 0
+    chosen = tl.where(greedy, best_i, race_i)
+    chosen_x = tl.where(greedy, best, race_x)
+    tl.store(Out + b, chosen.to(tl.float64))
+    tl.store(Out + so + b, (chosen_x - lse).to(tl.float64))
+    if ADVANCE:  # the step's inputs for the next replay: its token, one position on, the next column
+        tl.store(Ids + b, chosen.to(tl.int64))
+        tl.store(Pos + b, tl.load(Pos + b) + 1)
+        if b == 0:
+            tl.store(Column, tl.load(Column) + 1)
+            tl.store(Seed, tl.load(Seed) + 1)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def add_rms_norm(x, residual, weight, eps: float):
+    """``(rms_norm(residual + x) * weight, residual + x)`` over the last dim of 2-D ``x``; ``residual`` None:
+    ``(rms_norm(x) * weight, x)``."""
+    import torch
+
+    m, n = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    r = residual if residual is not None else x
+    block = _pow2(n)
+    add_rms_norm_kernel[(m,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0),
+                                     res_out.stride(0), n, eps, HAS_RES=residual is not None, BLOCK=block,
+                                     num_warps=4 if block <= 2048 else 8)
+    return out, res_out
+
+
+def rope_scatter(qkv, positions, cos, sin, heads: int, kv_heads: int, dim: int,
+                 k_cache, v_cache, column=None, rows=None, columns=None, k_out=None):
+    """Rotate q and k of the fused projection ``qkv`` ``[M, (heads + 2 kv_heads) * dim]`` at ``positions``
+    ``[M]`` (``cos``/``sin``: ``[positions, dim]`` tables in the model dtype, rows as transformers' rotary
+    module gives them); write k and v into ``k_cache``/``v_cache`` ``[rows, kv_heads, T, dim]``: token ``t`` at row ``t`` and
+    column ``column[0]`` (decode), or at ``rows[t]``, ``columns[t]``. Returns the rotated q ``[M, heads * dim]``;
+    the rotated k also goes to ``k_out`` ``[M, kv_heads * dim]`` when given."""
+    import torch
+
+    m = qkv.shape[0]
+    q_out = torch.empty((m, heads * dim), dtype=qkv.dtype, device=qkv.device)
+    decode = column is not None
+    rope_scatter_kernel[(m,)](
+        qkv, qkv.stride(0), positions, cos, sin, q_out, q_out.stride(0),
+        k_out if k_out is not None else q_out, k_out.stride(0) if k_out is not None else 0,
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        rows if not decode else positions, column if decode else columns,
+        HQ=heads, HKV=kv_heads, D=dim, BLOCK_H=_pow2(heads + kv_heads), DECODE=decode, WRITE_K=k_out is not None,
+        num_warps=4)
+    return q_out
+
+
+def silu_mul(gate_up):
+    """``silu(gate) * up`` for ``gate_up`` ``[M, 2 I]`` (gate first): ``[M, I]``."""
+    import torch
+
+    m, two_i = gate_up.shape
+    i = two_i // 2
+    out = torch.empty((m, i), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    silu_mul_kernel[(m, -(-i // block))](gate_up, gate_up.stride(0), out, out.stride(0), i, BLOCK=block,
+                                               num_warps=4)
+    return out
+
+
+QUARTER = 512  # columns per quarter tile of the sampler (a tile is 4 quarters: one Philox call per 4 columns)
+
+
+def sample_splits(rows: int, vocab: int, programs: int = 528) -> int:
+    """Vocabulary splits of :func:`sample` for ``rows`` rows: about ``programs`` programs, whole tiles each."""
+    tiles = -(-vocab // (4 * QUARTER))
+    return max(1, min(tiles, -(-programs // rows)))
+
+
+def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=None, splits: int | None = None):
+    """Draw one token per row of ``logits`` ``[B, V]`` from ``softmax(logits / temps)`` (Gumbel-max with
+    Philox uniforms keyed by ``seed``, a one-element int64 device tensor; greedy rows: the argmax) and write
+    ``out[0]`` the token, ``out[1]`` its log-prob at the row's temperature (``out`` ``[2, >= B]`` float64).
+    With ``ids``/``positions``/``column``: also feed the token back, advance positions and the column and
+    step the seed (the captured decode step's bookkeeping)."""
+    import torch
+
+    b, v = logits.shape
+    if b * v >= 2**31:
+        raise ValueError(f"sample: {b} rows x {v} entries overflow the int32 Philox offsets")
+    splits = splits or sample_splits(b, v)
+    per_split = -(-v // (splits * 4 * QUARTER)) * 4 * QUARTER
+    splits = -(-v // per_split)
+    part_f = torch.empty((b, splits, 5), dtype=torch.float32, device=logits.device)
+    part_i = torch.empty((b, splits, 2), dtype=torch.int32, device=logits.device)
+    sample_partial_kernel[(b, splits)](logits, logits.stride(0), temps, seed, part_f, part_i, v, per_split,
+                                           QUARTER=QUARTER, num_warps=4)
+    advance = ids is not None
+    sample_combine_kernel[(b,)](part_f, part_i, splits, greedy, out, out.stride(0),
+                                    ids if advance else out, positions if advance else out,
+                                    column if advance else out, seed, ADVANCE=advance, BLOCK_S=max(2, _pow2(splits)), num_warps=1)
