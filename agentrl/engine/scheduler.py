@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from agentrl.engine.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
+# Request ids: a random prefix per process and a counter (uuid4 per request cost ~5% of an engine's CPU).
+_RID_PREFIX = uuid.uuid4().hex[:12]
+_RID_NUMBERS = itertools.count()
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Sequence:
 
     prompt_ids: list[int]
     params: SamplingParams
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    rid: str = field(default_factory=lambda: f"{_RID_PREFIX}{next(_RID_NUMBERS):020x}")
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
