@@ -176,78 +176,151 @@ class LeanDecoder:
                            rows or self.rows)
 
     def check(self, dtype: Any, device: Any) -> float:
-        """Relative error of two decode steps over rows of different lengths against full forwards."""
-        import inspect
-
+        """Largest relative error of the logits against the model's own forward over whole sequences: a
+        prefill of rows of different lengths, two decode steps, a row leaving, and a row joining with a
+        cached past."""
         import torch
-        from transformers import DynamicCache
 
-        # transformers >= 5.2x renamed ``past_key_values`` to ``cache``
-        cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         vocab = int(self.model.get_input_embeddings().weight.shape[0])
         gen = torch.Generator().manual_seed(0)
         seqs = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 9, 3)]
-        batch = self.empty_batch(4)
+        worst = 0.0
+
+        def compare(logits: torch.Tensor, sequence: list[int]) -> None:
+            nonlocal worst
+            ref = self.model(input_ids=torch.tensor([sequence], device=device)).logits[0, -1].float()
+            worst = max(worst, ((logits.float() - ref).norm() / ref.norm()).item())
+
+        batch = self.empty_batch(2)  # grows while rows join
         with torch.inference_mode():
-            kvs = []
-            for seq in seqs:
-                cache = DynamicCache()
-                self.model(input_ids=torch.tensor([seq[:-2]], device=device), use_cache=True, **{cache_arg: cache})
-                kvs.append([(la.keys[0], la.values[0]) for la in cache.layers])
-            batch.extend(kvs)
-            worst = 0.0
+            logits = self.prefill_into(batch, [(seq[:-2], None) for seq in seqs])
+            for row, seq in enumerate(seqs):
+                compare(logits[row], seq[:-2])
             for step in (2, 1):  # the last two tokens of each sequence, one decode step each
-                logits, batch = self.decode(batch, [s[-step] for s in seqs])
+                logits, batch = self.decode(batch, [seq[-step] for seq in seqs])
                 for row, seq in enumerate(seqs):
-                    ref = self.model(input_ids=torch.tensor([seq[: len(seq) - step + 1]], device=device)).logits[0, -1]
-                    worst = max(worst, ((logits[row].float() - ref.float()).norm() / ref.float().norm()).item())
-            # a row leaving moves another into its slot
-            order = batch.remove([0])
-            logits, batch = self.decode(batch, [seqs[i][-1] for i in order])
-            for row, i in enumerate(order):
-                ref = self.model(input_ids=torch.tensor([seqs[i] + [seqs[i][-1]]], device=device)).logits[0, -1]
-                worst = max(worst, ((logits[row].float() - ref.float()).norm() / ref.float().norm()).item())
+                    compare(logits[row], seq[: len(seq) - step + 1])
+            order = batch.remove([0])  # a row leaving moves another into its slot
+            seqs = [seqs[i] for i in order]
+            logits, batch = self.decode(batch, [seq[-1] for seq in seqs])
+            seqs = [[*seq, seq[-1]] for seq in seqs]
+            for row, seq in enumerate(seqs):
+                compare(logits[row], seq)
+            cut = len(seqs[0]) - 2  # a new row whose cached past is a prefix of row 0
+            joined = [*seqs[0][:cut], 11, 12, 13]
+            past = [(k[:, :cut], v[:, :cut]) for k, v in batch.row(0)]
+            logits = self.prefill_into(batch, [(joined, past), (seqs[1][:4], None)])
+            compare(logits[0], joined)
+            compare(logits[1], seqs[1][:4])
         return worst
 
     def decode(self, batch: SlotBatchKV, tokens: list[int]) -> tuple[torch.Tensor, SlotBatchKV]:
         """Feed one token per row (row ``i``'s at position ``lengths[i]``); logits ``[rows, vocab]``."""
         import torch
-        import torch.nn.functional as F  # noqa: N812
 
         n = len(tokens)
         batch.reserve(n, batch.width + 1)
         device = batch.device
-        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        G = self.heads // self.kv_heads
         with torch.inference_mode():
             positions = torch.tensor(batch.lengths, device=device)
             width = int(batch.width) + 1
-            rows = torch.arange(n, device=device)
             # row i sees its columns 0..lengths[i] (the new token's included)
             mask = (torch.arange(width, device=device).unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
-            x = F.embedding(torch.tensor(tokens, device=device), self.model.model.embed_tokens.weight)
-            cos, sin = self._rope(positions, x)
-            for li, layer in enumerate(self.layers):
-                attn = layer.self_attn
-                h = _rms_norm(x, layer.input_layernorm)
-                q = _rotate(F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, H, D), cos, sin)
-                k = _rotate(F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, KV, D), cos, sin)
-                v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, KV, D)
-                keys, values = batch.keys[li], batch.values[li]
-                keys[rows, :, positions] = k
-                values[rows, :, positions] = v
-                out = F.scaled_dot_product_attention(q.view(n, KV, H // KV, D), keys[:n, :, :width],
-                                                     values[:n, :, :width], attn_mask=mask, scale=attn.scaling)
-                x = x + F.linear(out.reshape(n, H * D), attn.o_proj.weight, attn.o_proj.bias)
-                h = _rms_norm(x, layer.post_attention_layernorm)
-                mlp = layer.mlp
-                gate = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                x = x + F.linear(gate * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
-                                 mlp.down_proj.bias)
-            x = _rms_norm(x, self.model.model.norm)
-            lm_head = self.model.lm_head
-            logits = F.linear(x, lm_head.weight, lm_head.bias)
+
+            def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+                # the query heads that share a KV head are its query positions (no KV head is copied)
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.view(n, self.kv_heads, G, self.head_dim), keys[:n, :, :width], values[:n, :, :width],
+                    attn_mask=mask, scale=scale).reshape(n, -1)
+
+            logits = self._forward(batch, tokens, torch.arange(n, device=device), positions, attend, None)
         batch.lengths = [length + 1 for length in batch.lengths]
         return logits, batch
+
+    def prefill_into(self, batch: SlotBatchKV, items: list[tuple[list[int], KV | None]]) -> torch.Tensor:
+        """Add each ``(tokens, past)`` as a new last row: its cached ``past`` (the KV of ``tokens[:len(past)]``)
+        copied into its slot, the rest of ``tokens`` run through the model with their KV written straight into
+        the slot. All rows' new tokens go through the projections together (no padding); attention pads the
+        queries to the longest. Returns each row's last-position logits ``[len(items), vocab]``."""
+        import torch
+
+        device = batch.device
+        pasts = [past[0][0].shape[1] if past else 0 for _, past in items]
+        news = [len(tokens) - p for (tokens, _), p in zip(items, pasts, strict=True)]
+        if min(news) < 1:
+            raise ValueError("every prefilled sequence needs a token after its cached past")
+        first, count, longest = len(batch.lengths), len(items), max(news)
+        width = max(p + n for p, n in zip(pasts, news, strict=True))
+        batch.reserve(first + count, width + 1)
+        G, D = self.heads // self.kv_heads, self.head_dim
+        with torch.inference_mode():
+            for b, (_, past) in enumerate(items):
+                for li, (k, v) in enumerate(past or []):
+                    batch.keys[li][first + b, :, : pasts[b]] = k
+                    batch.values[li][first + b, :, : pasts[b]] = v
+            tokens = [t for (seq, _), p in zip(items, pasts, strict=True) for t in seq[p:]]
+            rows = torch.tensor([first + b for b, n in enumerate(news) for _ in range(n)], device=device)
+            steps = torch.tensor([i for n in news for i in range(n)], device=device)  # index within the new tokens
+            offsets = torch.tensor(pasts, device=device)
+            positions = offsets[rows - first] + steps
+            # padded query slot of each token, and what each padded query may see: its row's columns up to its
+            # own position (a padding query sees column 0 only: finite, discarded)
+            slot = (rows - first) * longest + steps
+            cols = torch.arange(width, device=device)
+            query_pos = offsets[:, None] + torch.arange(longest, device=device)[None, :]  # [rows, longest]
+            real = torch.arange(longest, device=device)[None, :] < torch.tensor(news, device=device)[:, None]
+            allowed = torch.where(real[:, :, None], cols[None, None, :] <= query_pos[:, :, None], cols[None, None, :] == 0)
+            mask = allowed[:, None, None, :, :].expand(count, 1, G, longest, width).reshape(count, 1, G * longest, width)
+
+            def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+                padded = q.new_zeros((count * longest, self.heads, D))
+                padded[slot] = q
+                padded = padded.view(count, longest, self.kv_heads, G, D).permute(0, 2, 3, 1, 4)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    padded.reshape(count, self.kv_heads, G * longest, D), keys[first : first + count, :, :width],
+                    values[first : first + count, :, :width], attn_mask=mask, scale=scale)
+                out = out.view(count, self.kv_heads, G, longest, D).permute(0, 3, 1, 2, 4).reshape(count * longest, -1)
+                return out[slot]
+
+            last = torch.tensor(news, device=device).cumsum(0) - 1
+            batch.lengths = [*batch.lengths, *pasts]
+            logits = self._forward(batch, tokens, rows, positions, attend, last)
+        batch.lengths[first:] = [p + n for p, n in zip(pasts, news, strict=True)]
+        return logits
+
+    def _forward(self, batch: SlotBatchKV, tokens: list[int], rows: torch.Tensor, positions: torch.Tensor,
+                 attend: Any, keep: torch.Tensor | None) -> torch.Tensor:
+        """Run ``tokens`` (token ``t`` of row ``rows[t]`` at position ``positions[t]``) through the model,
+        writing their keys and values into the batch; ``attend(q, keys, values, scale)`` is the attention of
+        every token's query ``[tokens, heads, head_dim]`` over a layer's buffers. Logits of the tokens
+        ``keep`` (None: all)."""
+        import torch.nn.functional as F  # noqa: N812
+
+        n = len(tokens)
+        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(positions.new_tensor(tokens), self.model.model.embed_tokens.weight)
+        cos, sin = self._rope(positions, x)
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = _rms_norm(x, layer.input_layernorm)
+            q = _rotate(F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, H, D), cos, sin)
+            k = _rotate(F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, KV, D), cos, sin)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, KV, D)
+            keys, values = batch.keys[li], batch.values[li]
+            keys[rows, :, positions] = k
+            values[rows, :, positions] = v
+            x = x + F.linear(attend(q, keys, values, attn.scaling), attn.o_proj.weight, attn.o_proj.bias)
+            h = _rms_norm(x, layer.post_attention_layernorm)
+            mlp = layer.mlp
+            gate = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
+            x = x + F.linear(gate * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
+                             mlp.down_proj.bias)
+        if keep is not None:
+            x = x[keep]
+        x = _rms_norm(x, self.model.model.norm)
+        lm_head = self.model.lm_head
+        return F.linear(x, lm_head.weight, lm_head.bias)
 
     def _rope(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[rows, 1, head_dim]`` at each row's position, as transformers' rotary embedding."""

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentrl.engine.prefix_cache import common_prefix_len
 from agentrl.engine.protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 # Request ids: a random prefix per process and a counter (uuid4 per request cost ~5% of an engine's CPU).
 _RID_PREFIX = uuid.uuid4().hex[:12]
 _RID_NUMBERS = itertools.count()
+# Sequences admitted together without a cached past that share at least this many leading tokens prefill
+# them once (Scheduler._share_prefix, decoders with their own prefill only).
+SHARED_PREFIX_MIN_TOKENS = 16
 
 
 @dataclass
@@ -253,17 +257,43 @@ class Scheduler:
             admitted.append((seq, tokens, past))
         if not admitted:
             return
-        logits, kvs = self.runner.prefill([(tokens, past) for _, tokens, past in admitted])
+        items = [(tokens, past) for _, tokens, past in admitted]
         seqs = [seq for seq, _, _ in admitted]
+        prefill_into = getattr(self.decoder, "prefill_into", None)
+        if prefill_into is not None:  # the decoder writes the new rows' KV into its batch itself
+            logits = prefill_into(self.batch, self._share_prefix(items))
+        else:
+            logits, kvs = self.runner.prefill(items)
         first_tokens, logprobs = self._sample(logits, seqs)
         with self._cond:
             self.running.extend(seqs)
             self.admitting = []
-        self.batch = self.batch.extend(kvs)
+        if prefill_into is None:
+            self.batch = self.batch.extend(kvs)
         for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
             seq.weight_version = self._weight_version()
             self._append_token(seq, tok, lp)
         self._finish_done()
+
+    def _share_prefix(self, items: list[tuple[list[int], Any]]) -> list[tuple[list[int], Any]]:
+        """``items`` where the sequences without a cached past that start alike (a system prompt, a group's
+        one prompt) share one prefill of their common prefix, which the prefix cache keeps for later
+        arrivals too (a sequence with a cached past keeps it)."""
+        fresh = [i for i, (_, past) in enumerate(items) if past is None]
+        if len(fresh) < 2:
+            return items
+        first = items[fresh[0]][0]
+        shared = min(len(items[i][0]) for i in fresh) - 1  # at least one token of each is still to run
+        for i in fresh[1:]:
+            shared = min(shared, common_prefix_len(first[:shared], items[i][0][:shared]))
+        if shared < SHARED_PREFIX_MIN_TOKENS:
+            return items
+        prefix = first[:shared]
+        scratch = self.decoder.empty_batch(1)
+        self.decoder.prefill_into(scratch, [(prefix, None)])
+        kv = scratch.row(0)
+        self.prefix_cache.insert(prefix, kv)
+        return [(tokens, kv) if i in fresh else (tokens, past) for i, (tokens, past) in enumerate(items)]
 
     def _decode_step(self, *, pipeline: bool = True) -> None:
         """One decode step for every running row. On the captured-graph path (``runner.launch_sample``) the

@@ -122,10 +122,11 @@ def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
                 seqs.append(seq)
         return seqs
 
-    def result(seq: Sequence, return_logprob: bool) -> dict[str, Any]:
-        n = min(len(seq.output_ids), len(seq.output_logprobs))
+    def result(seq: Sequence, return_logprob: bool, upto: int | None = None) -> dict[str, Any]:
+        """The answer as it stands (``upto``: as it stood after that many tokens, not finished yet)."""
+        n = min(len(seq.output_ids), len(seq.output_logprobs)) if upto is None else upto
         output_ids = seq.output_ids[:n]
-        reason = seq.finish_reason
+        reason = seq.finish_reason if upto is None else None
         text_ids = output_ids
         if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not seq.params.no_stop_trim:
             text_ids = output_ids[:-1]
@@ -236,10 +237,13 @@ def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
                 await event.wait()
                 event.clear()
                 finished = seq.finished
-                if len(seq.output_ids) > sent or finished:
-                    chunk = result(seq, return_logprob)
-                    sent = len(chunk["output_ids"])
-                    yield f"data: {json.dumps(chunk)}\n\n"
+                total = min(len(seq.output_ids), len(seq.output_logprobs))
+                # one chunk per token, also when several landed before this coroutine ran
+                for upto in range(sent + 1, total):
+                    yield f"data: {json.dumps(result(seq, return_logprob, upto))}\n\n"
+                if total > sent or finished:
+                    yield f"data: {json.dumps(result(seq, return_logprob, None if finished else total))}\n\n"
+                    sent = total
                 if finished:
                     break
             yield "data: [DONE]\n\n"
