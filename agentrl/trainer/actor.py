@@ -256,9 +256,24 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------------------------------ forward
 
-    def _forward(self, model, mb: MicroBatch, fp32: bool = True) -> torch.Tensor:
+    def _forward(self, model, mb: MicroBatch, fp32: bool = True, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Vocab-parallel logits ``[b, L, V/tp]`` (packed: ``[1, T, V/tp]``) in fp32, or with ``fp32=False``
-        in the model's dtype (for :mod:`agentrl.trainer.fused_logprobs`, which reads bf16 logits)."""
+        in the model's dtype (for :mod:`agentrl.trainer.fused_logprobs`, which reads bf16 logits).
+        ``positions`` (packed only): the output layer runs at those positions alone, ``[1, n, V/tp]``."""
+        hook = None
+        if positions is not None:
+            def select(_module, args, kwargs):  # the output layer's input is [s, b, h] with b = 1 when packed
+                return (args[0][positions], *args[1:]), kwargs
+
+            hook = unwrap(model).output_layer.register_forward_pre_hook(select, with_kwargs=True)
+        try:
+            out = self._model_forward(model, mb, fp32)
+        finally:
+            if hook is not None:
+                hook.remove()
+        return out.float() if fp32 else out
+
+    def _model_forward(self, model, mb: MicroBatch, fp32: bool) -> torch.Tensor:
         mb = mb.to(self.device)
         # Float16Module upcasts its output unless told not to (no such wrapper, no such argument, in fp32)
         kwargs = {} if fp32 or self.dtype == torch.float32 else {"fp32_output": False}
@@ -272,7 +287,7 @@ class MegatronTrainer:
             # Megatron's own DotProductAttention needs the explicit causal mask; SDPA / TE are causal by spec.
             mask = causal_mask(mb.tokens.shape[1], self.device) if self.attention == "local" else None
             out = model(mb.tokens, mb.position_ids, mask, **kwargs)
-        return out.float() if fp32 else out
+        return out
 
     def _fused_logprobs(self, entropy_grad: bool = False) -> bool:
         """Whether log-probs and entropy come from the model-dtype logits in one pass over the vocabulary
@@ -281,9 +296,44 @@ class MegatronTrainer:
 
         return not entropy_grad and fused_logprobs.available(self.device, self.tp_size)
 
-    def _logprobs_entropy(self, model, mb: MicroBatch, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _trained_positions(self, mb: MicroBatch) -> torch.Tensor | None:
+        """Packed positions whose logits predict a trained token (loss mask 1): on the CPU with one TP rank
+        only these go through the output layer, the log-probs and the entropy in a train step (on the main
+        job fewer than half the positions: the prompts and tool replies are not trained). None: all."""
+        p = mb.packed
+        if p is None or self.tp_size != 1 or self.device.type != "cpu":
+            return None
+        trained = torch.zeros(p.tokens.shape[1], dtype=torch.bool)
+        interior = p.interior.cpu()
+        trained[interior] = mb.loss_mask.reshape(-1).cpu()[p.flat_index.cpu()[interior]] > 0
+        if not trained.any():  # nothing trained here: an empty output layer call gains nothing
+            return None
+        return (trained.nonzero().squeeze(1) - 1).to(self.device)
+
+    def _at_trained(self, model, mb: MicroBatch, positions: torch.Tensor,
+                    entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_logprobs_entropy` computed at ``positions`` (:meth:`_trained_positions`) only; the other
+        positions hold 0 (no loss, metric or ratio reads them: they are masked)."""
+        from agentrl.trainer.logprobs import entropy_at, logprobs_at
+
+        logits = self._forward(model, mb, positions=positions)[0]  # [n, V]
+        targets = mb.model_tokens[0, positions + 1]
+        lp = logprobs_at(logits, targets, self.temperature)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_at(logits, self.temperature)
+        width = mb.model_tokens.shape[1]
+        at = (torch.zeros_like(positions), positions + 1)
+        return (mb.unpack(lp.new_zeros((1, width)).index_put(at, lp)),
+                mb.unpack(entropy.new_zeros((1, width)).index_put(at, entropy)))
+
+    def _logprobs_entropy(self, model, mb: MicroBatch, entropy_grad: bool,
+                          trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``([b, L] log-probs, [b, L] entropy)`` of one micro-batch, unpacked; the entropy carries a
-        gradient only with ``entropy_grad``."""
+        gradient only with ``entropy_grad``. ``trained_only``: values only where the loss mask is 1 (0
+        elsewhere), which on the CPU skips the output layer at every other position."""
+        positions = self._trained_positions(mb) if trained_only else None
+        if positions is not None:
+            return self._at_trained(model, mb, positions, entropy_grad)
         if self._fused_logprobs(entropy_grad):
             from agentrl.trainer.fused_logprobs import logprobs_and_entropy
 
@@ -302,10 +352,10 @@ class MegatronTrainer:
                                   packed=self.packed)
 
     @torch.no_grad()
-    def _logprobs_per_mb(self, model, mbs: list[MicroBatch]) -> list[torch.Tensor]:
+    def _logprobs_per_mb(self, model, mbs: list[MicroBatch], trained_only: bool = False) -> list[torch.Tensor]:
         model.eval()
-        if self._fused_logprobs():
-            return [self._logprobs_entropy(model, mb, False)[0] for mb in mbs]
+        if self._fused_logprobs() or trained_only:
+            return [self._logprobs_entropy(model, mb, False, trained_only)[0] for mb in mbs]
         return [mb.unpack(token_logprobs(self._forward(model, mb), mb.model_tokens, self.temperature)) for mb in mbs]
 
     @torch.no_grad()
@@ -374,9 +424,10 @@ class MegatronTrainer:
         mbs = self._micro_batches(local_samples)
         chunks = self._minibatch_chunks(local, len(samples))
         old_from_train = self._old_from_train_forward(len(chunks))
-        old = (None if old_from_train else self._logprobs_per_mb(self.model, mbs) if cfg.old_logprobs == "train"
+        # Only the trained tokens' values are read (the losses, ratios and metrics are masked).
+        old = (None if old_from_train else self._logprobs_per_mb(self.model, mbs, True) if cfg.old_logprobs == "train"
                else [mb.rollout_logprobs.to(self.device) for mb in mbs])
-        ref = self._logprobs_per_mb(self.ref_model, mbs) if self.ref_model is not None else None
+        ref = self._logprobs_per_mb(self.ref_model, mbs, True) if self.ref_model is not None else None
         if cfg.kl_in_reward:
             if ref is None:
                 raise ValueError("kl_in_reward needs loss.kl_coef > 0 (it sets the coefficient)")
@@ -412,7 +463,8 @@ class MegatronTrainer:
             for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
                 ids = [chunk[j] for j in mb.index]
                 ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
-                lp, entropy = self._logprobs_entropy(self.model, mb, entropy_grad=loss_cfg.entropy_coef != 0)
+                lp, entropy = self._logprobs_entropy(self.model, mb, entropy_grad=loss_cfg.entropy_coef != 0,
+                                                     trained_only=True)
                 old_lp = lp.detach() if old_from_train else _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
                 has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
                 loss, m = policy_loss(

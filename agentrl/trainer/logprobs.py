@@ -29,10 +29,16 @@ def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0) -> to
 
     Differentiable: the cross-rank sums use Megatron's all-reduce with identity backward.
     """
+    ent = entropy_at(logits[:, :-1], temperature)
+    return torch.cat([torch.zeros_like(ent[..., :1]), ent], dim=-1)
+
+
+def entropy_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of the distribution of each row of ``logits`` ``[..., V/tp]`` (no shift); differentiable."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    x = logits[:, :-1].float() / temperature
+    x = logits.float() / temperature
     tp = parallel_state.get_tensor_model_parallel_world_size()
     m = x.detach().max(dim=-1, keepdim=True).values
     if tp > 1:
@@ -46,5 +52,16 @@ def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0) -> to
         sum_e = reduce_from_tensor_model_parallel_region(sum_e)
         sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
     # H = log Z - E[z] with Z = sum exp(z)
-    ent = sum_e.log() - sum_ez / sum_e
-    return torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
+    return sum_e.log() - sum_ez / sum_e
+
+
+def logprobs_at(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of ``targets`` ``[n]`` under the rows of ``logits`` ``[n, V/tp]`` (no shift), as
+    :func:`token_logprobs` computes them."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    x = x.unsqueeze(1).clone(memory_format=torch.contiguous_format)  # [n, 1, V/tp]: the op edits its input
+    return -vocab_parallel_cross_entropy(x, targets.unsqueeze(1)).squeeze(1)

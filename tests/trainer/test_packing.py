@@ -157,3 +157,31 @@ def test_behaviour_log_probs_from_the_training_forward_train_bitwise_like_a_fres
     fresh_w = dict(fresh.export_hf_named_tensors())
     for name, w in reused.export_hf_named_tensors():
         assert torch.equal(w, fresh_w[name]), name
+
+
+def test_logits_at_trained_positions_only_train_like_logits_everywhere(tiny_dir, monkeypatch):
+    """On the CPU the packed train step runs the output layer only where a trained token is predicted. The
+    loss, metrics and update read only those positions, so they match a step with logits everywhere up to
+    float summation order (fp32 tolerances); SGD, as above, so the update is linear in the gradient."""
+    from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.trainer.losses import LossConfig
+    from agentrl.trainer.model import unwrap
+
+    samples = synthetic_samples(n_groups=3, per_group=4, seed=7)
+    cfg = TrainerConfig(packing="packed", max_tokens_per_microbatch=64, lr=0.1, optimizer="sgd", old_logprobs="rollout",
+                        loss=LossConfig(kl_coef=0.01, entropy_coef=0.01))
+    everywhere, trained = MegatronTrainer(tiny_dir, cfg), MegatronTrainer(tiny_dir, cfg)
+    monkeypatch.setattr(everywhere, "_trained_positions", lambda mb: None)
+    rows = []
+    for model in (trained.model, trained.ref_model):
+        unwrap(model).output_layer.register_forward_hook(lambda _m, _args, out: rows.append(out[0].shape[0]))
+    m_everywhere, m_trained = everywhere.train_step(samples), trained.train_step(samples)
+    mbs = trained._micro_batches(samples)
+    trained_tokens = sum(int(mb.loss_mask.sum()) for mb in mbs)
+    # the policy forward and the reference forward: each runs the head on the trained positions alone
+    assert sum(rows) == 2 * trained_tokens < 2 * sum(mb.packed.tokens.shape[1] for mb in mbs)
+    for k in ("loss", "kl", "entropy", "grad_norm", "n_tokens", "clip_frac"):
+        assert m_trained[k] == pytest.approx(m_everywhere[k], rel=1e-5, abs=1e-7), k
+    reference = dict(everywhere.export_hf_named_tensors())
+    for name, w in trained.export_hf_named_tensors():
+        assert torch.allclose(w, reference[name], atol=1e-6, rtol=1e-5), name
