@@ -30,6 +30,7 @@ from agentrl.envs.formats import ThinkParser
 
 Message = dict[str, Any]
 ENCODED_TEXTS_KEPT = 8192  # per mode; the memo of tokenized texts starts over when it would hold more
+RENDERED_CHATS_KEPT = 4096  # likewise for whole rendered chats
 # Keyword arguments apply_chat_template takes from the renderer itself; a chat_template_kwargs key may not be one.
 RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize", "add_generation_prompt",
                                       "continue_final_message", "return_dict", "chat_template"})
@@ -68,6 +69,7 @@ class ChatRenderer:
         # texts already tokenized, per split_special mode: a chat's template pieces (system prompt, tool
         # schemas, role headers) repeat in every render. Exact: each piece is always tokenized on its own.
         self._encoded: dict[bool, dict[str, tuple[int, ...]]] = {True: {}, False: {}}
+        self._rendered: dict[str, RenderedChat] = {}  # by the chat's JSON (message and key order kept)
 
     # ---- prompts ---------------------------------------------------------------------------------
     def render(self, messages: list[Message], tools: list[dict] | None = None, *,
@@ -78,6 +80,20 @@ class ChatRenderer:
         joined into one string first; other part types are refused.
         """
         messages = [_with_text_content(m) for m in messages]
+        try:  # the same chat renders the same: a GRPO group's episodes start from one prompt
+            key = json.dumps([messages, tools, add_generation_prompt], ensure_ascii=False)
+        except (TypeError, ValueError):
+            key = None
+        known = self._rendered.get(key) if key is not None else None
+        if known is None:
+            known = self._render(messages, tools, add_generation_prompt)
+            if key is not None:
+                if len(self._rendered) >= RENDERED_CHATS_KEPT:
+                    self._rendered.clear()
+                self._rendered[key] = known
+        return RenderedChat(ids=list(known.ids), text=known.text, assistant_mask=list(known.assistant_mask))
+
+    def _render(self, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool) -> RenderedChat:
         slotted, slots, owner = self._with_placeholders(messages)
         template_text = self._apply_template(slotted, tools, add_generation_prompt)
         real_text = self._apply_template(messages, tools, add_generation_prompt)

@@ -131,3 +131,16 @@ def test_openai_text_parts_are_joined_and_other_parts_refused(renderer):
     assert renderer.render(parts).ids == renderer.render([{"role": "user", "content": "What is 2+3?"}]).ids
     with pytest.raises(ValueError, match="only text content parts.*'image_url'"):
         renderer.render([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_a_chat_rendered_again_comes_out_the_same_and_callers_cannot_change_it(renderer):
+    # A GRPO group's episodes render one prompt; the second render is the remembered one, handed out as a copy.
+    messages = chat("What is 2+3?", "5")
+    first = renderer.render(messages, TOOLS)
+    first.ids.append(7)
+    first.assistant_mask.append(1)
+    again = renderer.render([dict(m) for m in messages], TOOLS)
+    assert again.ids == first.ids[:-1] and again.assistant_mask == first.assistant_mask[:-1]
+    assert renderer.render(messages, TOOLS, add_generation_prompt=False).ids != again.ids
+    messages[1]["content"] = "What is 2+4?"  # a changed chat is rendered anew
+    assert renderer.render(messages, TOOLS).text == renderer._render(messages, TOOLS, True).text != again.text
