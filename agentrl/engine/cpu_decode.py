@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agentrl.engine.model_runner import RowBuffers
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "llama"})
 
 
-class SlotBatchKV:
+class SlotBatchKV(RowBuffers):
     """The running batch's KV in row slots (see module docstring). ``lengths[i]``: tokens row ``i`` holds."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any, rows: int = 64,
@@ -40,14 +42,6 @@ class SlotBatchKV:
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []
         self._initial = (rows, columns)  # allocated when the first rows join: an empty batch holds no memory
-
-    @property
-    def rows(self) -> int:
-        return self.keys[0].shape[0] if self.keys else 0
-
-    @property
-    def columns(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
 
     @property
     def width(self) -> int:
@@ -119,15 +113,8 @@ class SlotBatchKV:
         return order
 
     def select(self, rows: list[int]) -> SlotBatchKV:
-        """Keep ``rows``, in that order (any order: each buffer is gathered once)."""
-        import torch
-
-        if rows != list(range(len(rows))):
-            idx = torch.tensor(rows, device=self.device)
-            with torch.inference_mode():
-                for buf in (*self.keys, *self.values):
-                    buf[: len(rows)] = buf.index_select(0, idx)
-        self.lengths = [self.lengths[i] for i in rows]
+        """Keep ``rows``, in that order."""
+        self._keep_rows(rows)
         return self
 
 

@@ -91,7 +91,36 @@ def decode_bucket(n: int) -> int:
     return next((b for b in DECODE_BUCKETS if b >= n), -(-n // 64) * 64)
 
 
-class StaticBatchKV:
+class RowBuffers:
+    """Per-layer key and value buffers ``[rows, kv_heads, columns, head_dim]`` whose first ``len(lengths)``
+    rows are the running batch, one sequence per row (:class:`StaticBatchKV`, ``cpu_decode.SlotBatchKV``)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: list[int]
+    device: Any
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
+    def columns(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        """Keep ``rows``, in that order, as the first rows (any order: each buffer is gathered once)."""
+        import torch
+
+        if rows != list(range(len(rows))):
+            idx = torch.tensor(rows, device=self.device)
+            with torch.inference_mode():
+                for buf in (*self.keys, *self.values):
+                    buf[: len(rows)] = buf.index_select(0, idx)
+        self.lengths = [self.lengths[i] for i in rows]
+
+
+class StaticBatchKV(RowBuffers):
     """The running batch's KV in fixed buffers (see module docstring); mutated in place.
 
     Row ``i`` holds its ``lengths[i]`` tokens in columns ``[width - lengths[i], width)``; the next decode step
@@ -127,14 +156,6 @@ class StaticBatchKV:
         self.keys, self.values = keys, values
         self.generation = next(_GENERATIONS)
         self.version += 1
-
-    @property
-    def rows(self) -> int:
-        return self.keys[0].shape[0] if self.keys else 0
-
-    @property
-    def columns(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
 
     def _shift(self, by: int) -> None:
         """Move every row's tokens ``by`` columns (right if positive); ``width`` follows."""
@@ -175,14 +196,7 @@ class StaticBatchKV:
         return [(k[i, :, w - n : w].clone(), v[i, :, w - n : w].clone()) for k, v in zip(self.keys, self.values, strict=True)]
 
     def select(self, rows: list[int]) -> StaticBatchKV:
-        import torch
-
-        if rows != list(range(len(rows))):
-            idx = torch.tensor(rows, device=self.device)
-            with torch.inference_mode():
-                for buf in (*self.keys, *self.values):
-                    buf[: len(rows)] = buf.index_select(0, idx)
-        self.lengths = [self.lengths[i] for i in rows]
+        self._keep_rows(rows)
         self.version += 1
         if not rows:
             self.width = 0
