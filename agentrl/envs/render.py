@@ -328,7 +328,8 @@ class ChatRenderer:
         missing = [t for t in dict.fromkeys(texts) if t not in known]
         if missing:
             if len(known) + len(missing) > ENCODED_TEXTS_KEPT:
-                known.clear()
+                known.clear()  # this call's texts that were known go too: encode them all again
+                missing = list(dict.fromkeys(texts))
             if self._encoders is not None:
                 encoded = [e.ids for e in self._encoders[split_special].encode_batch(missing, add_special_tokens=False)]
             else:

@@ -144,3 +144,14 @@ def test_a_chat_rendered_again_comes_out_the_same_and_callers_cannot_change_it(r
     assert renderer.render(messages, TOOLS, add_generation_prompt=False).ids != again.ids
     messages[1]["content"] = "What is 2+4?"  # a changed chat is rendered anew
     assert renderer.render(messages, TOOLS).text == renderer._render(messages, TOOLS, True).text != again.text
+
+
+def test_a_full_memo_starts_over_without_losing_the_texts_of_the_call(tokenizer, monkeypatch):
+    # Chats share template pieces and the system prompt; when the memo of tokenized texts is full and starts
+    # over, a render holding both known and new texts must still get ids for all of them.
+    monkeypatch.setattr("agentrl.envs.render.ENCODED_TEXTS_KEPT", 4)
+    monkeypatch.setattr("agentrl.envs.render.RENDERED_CHATS_KEPT", 1)
+    small, fresh = ChatRenderer(tokenizer), ChatRenderer(tokenizer)
+    for i in range(10):
+        messages = chat(f"What is {i}+3?", str(i + 3))
+        assert small.render(messages, TOOLS).ids == fresh._render(messages, TOOLS, True).ids
