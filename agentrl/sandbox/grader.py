@@ -18,6 +18,7 @@ import json
 import secrets
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +52,13 @@ class GradeResult:
         return 1.0 if self.passed else 0.0
 
 
+# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: a parse that
+# yields the GIL mid-way (a garbage collection running a finalizer) to another thread's parse ends with
+# "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905). Graders parse tests
+# from many threads at once (grade_many, the rollout's pooled grader).
+_PARSE_LOCK = threading.Lock()
+
+
 def count_tests(test_files: Mapping[str, str | bytes]) -> int:
     """Tests the runner will find: top-level ``test*`` functions and ``test*`` methods of classes, in
     ``test*.py`` files. ValueError for a test file that does not parse."""
@@ -60,7 +68,8 @@ def count_tests(test_files: Mapping[str, str | bytes]) -> int:
         if not (base.startswith("test") and base.endswith(".py")):
             continue
         try:
-            tree = ast.parse(source)
+            with _PARSE_LOCK:
+                tree = ast.parse(source)
         except SyntaxError as exc:
             raise ValueError(f"test file {name} does not parse: {exc}") from exc
         for node in tree.body:

@@ -3,6 +3,7 @@ the executor protocol over local pipes, lazy imports, CLI argument errors."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from agentrl.sandbox.base import as_argv, work_path
 from agentrl.sandbox.engine_setup import apt_mirror
 from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, ExecutorClient, ExecutorGone, PipeTransport
 from agentrl.sandbox.grader import Grader, GradeResult, count_tests, judge
+from agentrl.sandbox.humaneval import load_problems
 from agentrl.sandbox.limits import SandboxLimits, parse_size
 from agentrl.sandbox.result import CappedOutput, ExecResult
 
@@ -123,6 +125,50 @@ def test_count_tests_matches_runner_rules():
     assert count_tests({"test_m.py": src, "conftest.py": "def test_no(): pass\n"}) == 3
     with pytest.raises(ValueError, match="does not parse"):
         count_tests({"test_bad.py": "def test_(:\n"})
+
+
+def test_count_tests_from_many_threads_while_finalizers_yield_the_gil():
+    """CPython 3.11's AST constructor depth is shared by threads (gh-106905): a parse interrupted by a
+    finalizer that yields the GIL, while a thread at another stack depth parses, raised SystemError
+    (seen in CI from grade_many). Each thread leaves cyclic garbage whose finalizer sleeps, so the
+    collector runs it inside the next parse."""
+    problems = load_problems()
+    files = [{"test_hidden.py": p["prompt"] + p["canonical_solution"] + p["test"] + "\ndef test_x(): pass\n"}
+             for p in problems.values()]
+
+    class YieldsOnCollection:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            time.sleep(0)
+
+    errors: list[BaseException] = []
+    counts: list[int] = []
+
+    def parse_all(depth: int) -> None:
+        if depth:
+            return parse_all(depth - 1)
+        for item in files * 2:
+            for _ in range(5):
+                YieldsOnCollection()
+            try:
+                counts.append(count_tests(item))
+            except BaseException as exc:  # noqa: BLE001 - the SystemError is what this test looks for
+                errors.append(exc)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(100, 1, 1)
+    try:
+        threads = [threading.Thread(target=parse_all, args=(d,)) for d in (0, 5, 10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*threshold)
+    assert not errors, errors[:3]
+    assert counts == [1] * (3 * 2 * len(files))
 
 
 @pytest.mark.parametrize("tests", [{}, {"sub/test_a.py": "x"}, {"grade_runner.py": "x"}])
