@@ -144,6 +144,12 @@ def grpo_step(model, ref, opt, samples, a, device, step: int) -> dict:
         return info
     flat = [s for g in kept for s in g]
     adv = grpo_advantages(torch.tensor([float(s.reward) for s in flat]), [s.group_id for s in flat])
+    if a.credit_fn:
+        from agentrl.plugins import load_function
+
+        before = sum(sum(s.loss_mask) for s in flat)
+        flat = load_function(a.credit_fn)(flat, adv.tolist())
+        info["credit_withheld_tokens"] = before - sum(sum(s.loss_mask) for s in flat)
     width = max(len(s.tokens) for s in flat)
     ids = torch.zeros((len(flat), width), dtype=torch.long)
     att = torch.zeros_like(ids)
@@ -160,14 +166,21 @@ def grpo_step(model, ref, opt, samples, a, device, step: int) -> dict:
         g["lr"] = lr_at(step, a)
     with torch.no_grad():
         ref_lp, _ = token_logprobs(ref, ids, att, a.temperature)
-    lp, logits = token_logprobs(model, ids, att, a.temperature)
-    probs = torch.softmax(logits, -1)
-    entropy = -(probs * torch.log_softmax(logits, -1)).sum(-1)
-    loss, metrics = policy_loss(lp, lp.detach(), adv, mask, cfg, ref_logprobs=ref_lp, entropy=entropy.detach())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-    opt.step()
+        old_lp, _ = token_logprobs(model, ids, att, a.temperature)
+    order = torch.randperm(len(flat)).tolist()
+    parts = [order[i::a.steps_per_batch] for i in range(a.steps_per_batch)]  # PPO mini-batches
+    n_tokens = float(mask.sum())
+    for part in parts:
+        sel = torch.tensor(part, device=ids.device)
+        lp, logits = token_logprobs(model, ids[sel], att[sel], a.temperature)
+        probs = torch.softmax(logits, -1)
+        entropy = -(probs * torch.log_softmax(logits, -1)).sum(-1)
+        loss, metrics = policy_loss(lp, old_lp[sel], adv[sel], mask[sel], cfg, ref_logprobs=ref_lp[sel],
+                                    entropy=entropy.detach(), n_tokens=float(mask[sel].sum()) or n_tokens)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
     info.update({k: float(v) for k, v in metrics.items()})
     return info
 
@@ -241,6 +254,9 @@ def main() -> None:
     p.add_argument("--min-lr", type=float, default=3e-5)
     p.add_argument("--lr-warmup-steps", type=int, default=20)
     p.add_argument("--lr-decay-steps", type=int, default=150)
+    p.add_argument("--steps-per-batch", type=int, default=1, help="optimizer steps per rollout batch (PPO mini-batches)")
+    p.add_argument("--credit-fn", default=None, help="trainer.credit_fn plug-in (module:function)")
+    p.add_argument("--eval-pools", default="heldout,train,synthetic")
     p.add_argument("--kl-coef", type=float, default=0.001)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -311,9 +327,9 @@ def main() -> None:
     for step in range(a.grpo_steps + 1):
         if step % a.eval_every == 0 or step == a.grpo_steps:
             model.eval()
+            pools = a.eval_pools.split(",")
             write({"step": step, "eval": greedy(batcher, renderer, heldout),
-                   "train_pool": greedy(batcher, renderer, probe_pools["train"]),
-                   "synthetic_pool": greedy(batcher, renderer, probe_pools["synthetic"])})
+                   **{f"{name}_pool": greedy(batcher, renderer, probe_pools[name]) for name in pools if name != "heldout"}})
         if step == a.grpo_steps:
             break
         tasks = make_questions(a.prompts, seed=a.seed * 1_000_003 + step, split="train", **kw)

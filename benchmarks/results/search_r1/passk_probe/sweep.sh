@@ -13,7 +13,7 @@ while read -r name args; do
   timeout $limit python3 benchmarks/results/search_r1/passk_probe/sim.py /tmp/sweep/$name $args > /tmp/sweep/$name/stdout 2>&1 &
 done < "$spec"
 # partial logs come back even if the call is cut short
-( while sleep 45; do tar -C /tmp/sweep -czf $OUT/partial.tar.gz . 2>/dev/null; done ) &
+( while sleep 20; do tar -C /tmp/sweep -czf $OUT/partial.tar.gz . 2>/dev/null; done ) &
 saver=$!
 wait $(jobs -p | grep -v "^$saver$")
 kill $saver
