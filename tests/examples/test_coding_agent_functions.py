@@ -118,9 +118,14 @@ def docker_api():
 # ---- the task family (no Docker) ---------------------------------------------------------------------
 def test_tasks_are_seeded_disjoint_and_hide_their_tests():
     assert make_tasks(20, seed=3) == make_tasks(20, seed=3) != make_tasks(20, seed=4)
-    train = {oneliners.spec_key(t["spec"]) for t in make_tasks(3000, seed=0, split="train", level=2)}
-    held = {oneliners.spec_key(t["spec"]) for t in make_tasks(300, seed=0, split="heldout", level=2)}
-    assert train and held and not train & held  # held-out specs are never trained on
+    specs = {split: {oneliners.spec_key(t["spec"]) for t in make_tasks(1000 if split != "heldout" else 200, seed=0,
+                                                                       split=split, level=2)}
+             for split in oneliners.SPLITS}
+    assert all(specs.values())
+    # Held-out specs are never trained on, and GRPO's specs ("train") are none the warm-up showed.
+    assert not specs["heldout"] & (specs["train"] | specs["warmup"]) and not specs["train"] & specs["warmup"]
+    assert make_tasks.warmup_split == "warmup"  # agentrl.run.data.FunctionTasks draws the warm-up's chats there
+    assert make_tasks(2, seed=0, split="warmup", family="humaneval") == make_tasks(2, seed=0, family="humaneval")
     for task in make_tasks(50, seed=1, split="heldout", level=2):
         assert task["family"] == "oneliner" and "test" not in json.dumps(task)  # no hidden test in the task
         visible = task["examples"][0]["call"]
@@ -200,7 +205,7 @@ def test_config_loads_and_the_expert_chat_fits_the_tiny_context(renderer):
     from agentrl.run.config import load_config
 
     cfg = load_config(CONFIG)
-    assert load_function(cfg.env) is FunctionEnv and load_function(cfg.expert) is expert_messages_with_repairs
+    assert load_function(cfg.env) is FunctionEnv and load_function(cfg.expert) is expert_messages
     assert cfg.model.max_position_embeddings == 512 and cfg.task_kwargs["family"] == "oneliner"
     lengths = []
     for task in make_tasks(200, seed=0, **cfg.task_kwargs):
@@ -214,6 +219,39 @@ def test_config_loads_and_the_expert_chat_fits_the_tiny_context(renderer):
     assert max(lengths) < 400  # whole episodes fit 512 positions with room for longer replies
     humaneval = make_tasks(2, seed=0, split="heldout", family="humaneval")
     assert all(t["family"] == "humaneval" and t["prompt"] in expert_messages(t)[1]["content"] for t in humaneval)
+
+
+def test_the_examples_tokenizer_makes_names_and_constants_one_token_the_same_everywhere(tmp_path, renderer):
+    """With ``model.tokenizer`` (examples/coding_agent/tokenizer.py) an argument name is one token, the same id
+    in the signature, the docstring and the body, a spelled-out constant is one token, and the expert's write is
+    a few tokens; chats (and HumanEval prompts) decode to the same text as with the plain tiny tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agentrl.envs.render import ChatRenderer
+    from agentrl.run.config import load_config
+    from examples.coding_agent.tokenizer import write_tokenizer
+
+    assert load_config(CONFIG).model.tokenizer == "examples.coding_agent.tokenizer:write_tokenizer"
+    write_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    fitted = ChatRenderer(tokenizer)
+    added = set(tokenizer.get_added_vocab())
+    assert set(oneliners.NAMES) | {" " + w for w in oneliners.NUMBER_WORDS} <= added
+    for task in make_tasks(60, seed=0, split="heldout") + make_tasks(60, seed=1, split="warmup"):
+        chat = expert_messages(task)
+        ids = fitted.render(chat, FunctionEnv.tool_schemas(), add_generation_prompt=False).ids
+        plain = renderer.render(chat, FunctionEnv.tool_schemas(), add_generation_prompt=False).ids
+        assert tokenizer.decode(ids) == renderer.tokenizer.decode(plain) and len(ids) < len(plain)
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        for name in task["spec"]["args"]:  # signature, docstring, write: one token each time
+            assert pieces.count(name) >= 3, (name, pieces)
+        k = task["spec"]["ks"][0]
+        if k is not None:
+            assert " " + oneliners.NUMBER_WORDS[k] in pieces
+        write = tokenizer(expert_replies(task)[0], add_special_tokens=False)["input_ids"]
+        assert len(write) <= 12, tokenizer.convert_ids_to_tokens(write)
+    prompt = make_tasks(1, seed=0, family="humaneval")[0]["prompt"]
+    assert tokenizer.decode(tokenizer(prompt, add_special_tokens=False)["input_ids"]) == prompt
 
 
 def test_repair_chats_write_a_near_miss_read_its_failure_then_write_the_reference(renderer):
