@@ -8,20 +8,24 @@ import torch
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``[b, L]`` log-probs of ``tokens[:, t]`` under ``logits[:, t - 1]``; column 0 is 0.
 
-    ``logits`` is ``[b, L, V/tp]`` as GPTModel returns it with ``parallel_output=True``. Uses Megatron's
-    ``vocab_parallel_cross_entropy``, which edits its input in place: it gets a (scaled) copy.
+    ``logits`` is ``[b, L, V/tp]`` as GPTModel returns it with ``parallel_output=True``.
     """
+    lp = _target_logprobs(logits[:, :-1].transpose(0, 1), tokens[:, 1:].transpose(0, 1), temperature)  # [L-1, b]
+    lp = lp.transpose(0, 1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[s, b]`` log-probs of ``targets`` ``[s, b]`` under ``logits`` ``[s, b, V/tp]`` (no shift). Uses
+    Megatron's ``vocab_parallel_cross_entropy``, which edits its input in place: it gets a (scaled) copy."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    shifted = logits[:, :-1].transpose(0, 1).float()  # [L-1, b, V/tp]
+    x = logits.float()
     if temperature != 1.0:
-        shifted = shifted / temperature
+        x = x / temperature
     # Always a fresh contiguous copy: the op mutates its input and views it as 2-D.
-    shifted = shifted.clone(memory_format=torch.contiguous_format)
-    target = tokens[:, 1:].transpose(0, 1).contiguous()
-    nll = vocab_parallel_cross_entropy(shifted, target)  # [L-1, b]
-    out = torch.zeros(tokens.shape, dtype=nll.dtype, device=nll.device)
-    return torch.cat([out[:, :1], -nll.transpose(0, 1)], dim=1)
+    x = x.clone(memory_format=torch.contiguous_format)
+    return -vocab_parallel_cross_entropy(x, targets.contiguous())
 
 
 def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -58,10 +62,4 @@ def entropy_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 def logprobs_at(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs of ``targets`` ``[n]`` under the rows of ``logits`` ``[n, V/tp]`` (no shift), as
     :func:`token_logprobs` computes them."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    x = logits.float()
-    if temperature != 1.0:
-        x = x / temperature
-    x = x.unsqueeze(1).clone(memory_format=torch.contiguous_format)  # [n, 1, V/tp]: the op edits its input
-    return -vocab_parallel_cross_entropy(x, targets.unsqueeze(1)).squeeze(1)
+    return _target_logprobs(logits.unsqueeze(1), targets.unsqueeze(1), temperature).squeeze(1)
