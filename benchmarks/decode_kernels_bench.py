@@ -11,6 +11,7 @@ of ``triton.testing.do_bench`` over replays; prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", type=int, default=[1, 32, 128, 256])
     p.add_argument("--span", type=int, default=640, help="tokens each row attends to (prompt 512 + half of 256)")
     p.add_argument("--columns", type=int, default=1024, help="static KV buffer columns")
+    p.add_argument("--tune", action="store_true",
+                   help="only the tuning sweeps: the attention as the engine calls it (rotary inside) by splits / tile / "
+                        "warps / pipeline stages, and the sampler by splits and warps")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import torch
@@ -129,8 +133,46 @@ def main(argv: list[str] | None = None) -> int:
         record("gemm", b, "down", us(lambda: lin(act, wd)))
         lm = rnd(vocab, hidden)
         record("gemm", b, "lm_head", us(lambda: lin(h, lm)))
+    def tune(b: int, copies: int = 4) -> None:
+        """As in the engine, each call reads its operands from HBM: the graph's calls cycle through ``copies``
+        sets of K/V and logits (each about the H200's 50 MB L2 or more), where calls on one set would find it
+        in L2 (the first sweep, 2026-12-03: 12-13 us here against 18.7 us for the same kernel in the engine)."""
+        positions = torch.full((b,), args.span, device=dev)
+        qkv = rnd(b, (heads + 2 * kv_heads) * dim)
+        cos, sin = rnd(args.columns, dim), rnd(args.columns, dim)
+        qd, kd = heads * dim, kv_heads * dim
+        kv = [(rnd(b, kv_heads, args.columns, dim), rnd(b, kv_heads, args.columns, dim)) for _ in range(copies)]
+        turn = itertools.count()
+        for splits in (1, 2):
+            for block_n in (32, 64, 128):
+                for warps in (2, 4, 8):
+                    for stages in (None, 2, 3, 4):
+                        try:
+                            t = us(lambda s=splits, bn=block_n, w=warps, st=stages: decode_attention(
+                                qkv[:, :qd].view(b, kv_heads, heads // kv_heads, dim), *kv[next(turn) % copies],
+                                None, 0.125, column,
+                                positions=positions, splits=s, block_n=bn, num_warps=w, num_stages=st,
+                                rope=(cos, sin, qd, qd + kd)))
+                        except Exception as exc:  # a tile that does not fit (shared memory): skip it
+                            print(f"attention {b} splits={splits} block={block_n} warps={warps} stages={stages}: {exc!r:.80}")
+                            continue
+                        record("attention", b, f"rope splits={splits} block={block_n} warps={warps} stages={stages}", t,
+                               splits=splits, block_n=block_n, warps=warps, stages=stages)
+        record("attention", b, "KV bytes / 4.3 TB/s (floor)", 2 * b * kv_heads * (args.span + 1) * dim * 2 / 4.3e6)
+        logits = [rnd(b, vocab) for _ in range(copies)]
+        temps, greedy = torch.ones(b, device=dev), torch.zeros(b, dtype=torch.bool, device=dev)
+        seed = torch.tensor([1], device=dev)
+        out = torch.zeros((2, b), dtype=torch.float64, device=dev)
+        for programs in (264, 528, 1056, 2112, 4224):
+            for warps in (2, 4, 8):
+                s_ = dk.sample_splits(b, vocab, programs)
+                record("sample", b, f"programs={programs} splits={s_} warps={warps}",
+                       us(lambda s=s_, w=warps: dk.sample(logits[next(turn) % copies], temps, greedy, seed, out, splits=s,
+                                                     num_warps=w)),
+                       programs=programs, splits=s_, warps=warps)
+
     for b in args.rows:
-        bench(b)
+        tune(b) if args.tune else bench(b)
     if args.out:
         Path(args.out).write_text(json.dumps({"shape": args.shape, "span": args.span, "columns": args.columns,
                                               "device": torch.cuda.get_device_name(), "rows": rows_out}, indent=2))

@@ -347,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine: force this SDPA backend for the one-token decode attention")
     p.add_argument("--profile-host-sampling", action="store_true",
                    help="profile also with sampling on the host (the old path)")
+    p.add_argument("--attention-launch", default=None, metavar="JSON",
+                   help='engine: the decode attention\'s default launch, e.g. {"block_n": 64, "num_warps": 4, '
+                        '"num_stages": 3, "programs": 132} (decode_attention.LAUNCH)')
+    p.add_argument("--sampler-launch", default=None, metavar="JSON",
+                   help='engine: the sampler\'s launch, e.g. {"programs": 1056, "num_warps": 4} '
+                        '(decoder_kernels.SAMPLE_LAUNCH)')
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
@@ -358,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention_launch:
+        from agentrl.engine import decode_attention
+
+        decode_attention.LAUNCH.update(json.loads(args.attention_launch))
+    if args.sampler_launch:
+        from agentrl.engine import decoder_kernels
+
+        decoder_kernels.SAMPLE_LAUNCH.update(json.loads(args.sampler_launch))
     if args.decode_sdpa:
         from torch.nn.attention import SDPBackend
 

@@ -2,7 +2,7 @@
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
 # come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs englogprobs engine engine2 engine3 engprof engab engkern trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
+# parts: env logprobs englogprobs engine engine2 engine3 engprof engab engkern eng15 engpf engtune trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
 # packing (default: env logprobs
 # engine trainer delta ipc packing); engine2: the CUDA-graph
 # engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02; engine3: the 0.5B
@@ -45,6 +45,32 @@ for part in $parts; do
       timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider tests/engine/test_logprobs.py tests/engine/test_static_kv.py \
         tests/engine/test_attention.py tests/engine/test_model_runner.py tests/engine/test_sampling.py \
         tests/engine/test_fused_decoder.py 2>&1 | tail -40 | tee "$OUT/logprobs_cuda.txt" ;;
+    eng15)  # the 1.5B rows (engine3's columns on qwen2-1.5b)
+      timeout 300 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-1.5b \
+        --concurrency 1 32 128 256 --engine-modes static --hf-modes static --hf-concurrency 1 128 \
+        --out "$OUT/engine_gpu_bench_1.5b.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -16 ;;
+    engpf)  # A/B at c=128: all 128 prompts in one prefill (65,536 tokens) instead of two chunks of 64
+      timeout 120 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 128 \
+        --engine-modes static --hf-modes --max-prefill-tokens 65536 --out "$OUT/engine_ab_prefill1.json" 2>&1 \
+        | grep -v -i -E "warn|it/s" | tail -4 ;;
+    engtune)  # the decode attention's and the sampler's launch swept at 128 rows (in CUDA graphs), then engine3's
+      # rows with the fastest of each and all 128 prompts in one prefill, against the defaults at c=1/128
+      timeout 240 python3 benchmarks/decode_kernels_bench.py --tune --rows 128 --out "$OUT/decode_tune.json" 2>&1 \
+        | grep -v -i warn | tail -3
+      read -r ATTN SAMP < <(python3 -c "
+import json; rows = json.load(open('$OUT/decode_tune.json'))['rows']
+best = lambda kind: min((r for r in rows if r['kind'] == kind and 'warps' in r), key=lambda r: r['us'])
+a, s = best('attention'), best('sample')
+import sys; [print(r['kind'], r['variant'], round(r['us'], 1), file=sys.stderr) for k in ('attention', 'sample') for r in sorted((r for r in rows if r['kind'] == k), key=lambda r: r['us'])[:6]]
+print(json.dumps({'block_n': a['block_n'], 'num_warps': a['warps'], 'num_stages': a['stages'], 'programs': 256 * a['splits']}, separators=(',', ':')),
+      json.dumps({'programs': s['programs'], 'num_warps': s['warps']}, separators=(',', ':')))")
+      log "tuned: attention $ATTN sampler $SAMP"
+      timeout 200 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 32 128 256 \
+        --engine-modes static --hf-modes static --hf-concurrency 1 128 --max-prefill-tokens 65536 \
+        --attention-launch "$ATTN" --sampler-launch "$SAMP" --out "$OUT/engine_gpu_bench_tuned.json" 2>&1 \
+        | grep -v -i -E "warn|it/s" | tail -9
+      timeout 100 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
+        --engine-modes static --hf-modes --out "$OUT/engine_ab_defaults.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -4 ;;
     engkern)  # the fused decoder's kernels at decode shapes against what they replace (decode_kernels_bench.py)
       timeout 150 python3 benchmarks/decode_kernels_bench.py --out "$OUT/decode_kernels.json" 2>&1 \
         | grep -v -i warn | tail -12 ;;

@@ -136,7 +136,10 @@ def _kernels():
 
 
 BLOCK_N = 64
+# The launch when the caller names none: ``programs`` the grid it aims at (about one program per
+# multiprocessor), ``block_n``/``num_warps``/``num_stages`` as in :func:`decode_attention`.
 PROGRAMS = 132
+LAUNCH = {"programs": PROGRAMS, "block_n": BLOCK_N, "num_warps": 4, "num_stages": None}
 
 
 def supported(q, k, v, mask) -> bool:
@@ -151,14 +154,16 @@ def supported(q, k, v, mask) -> bool:
 
 
 def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, positions=None, splits: int | None = None,
-                     block_n: int = BLOCK_N, num_warps: int = 4, rope=None):
+                     block_n: int | None = None, num_warps: int | None = None, rope=None,
+                     num_stages: int | None = None):
     """``softmax(q k^T * scale + mask) v`` per (row, KV head): ``q`` ``[B, H_kv, G, D]``, ``k``/``v``
     ``[B, H_kv, T, D]``, ``mask`` ``[B, T]`` additive or None; ``limit``: a one-element integer device tensor,
     the last column any row may attend to (columns after it are skipped, not read: the static decode
     batch's ``column``). With ``positions`` (``[B]`` or ``[B, 1]`` integers, and ``limit``, no mask): row ``b``
     attends to columns ``limit - positions[b] .. limit`` alone, its own tokens and the new one (nothing left
     of them is read). ``splits``: programs per (row, KV head) (default: about one per multiprocessor);
-    ``block_n``/``num_warps``: the tile of columns and the warps per program. ``rope`` (with ``positions``):
+    ``block_n``/``num_warps``/``num_stages``: the tile of columns, the warps per program and the loads in flight
+    (Triton's software pipelining); each None: :data:`LAUNCH`'s. ``rope`` (with ``positions``):
     ``(cos, sin, k_offset, v_offset)``: ``q`` is the query part of a fused q/k/v projection row (as a view),
     rotated here with the ``[positions, D]`` tables at each row's position, and this step's k and v are read
     from that row at the given element offsets, rotated (k), written into ``k``/``v`` at column ``limit`` and
@@ -167,6 +172,9 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
     import torch
 
     partial_kernel, combine_kernel = _kernels()
+    block_n = block_n or LAUNCH["block_n"]
+    num_warps = num_warps or LAUNCH["num_warps"]
+    num_stages = num_stages or LAUNCH["num_stages"]
     b, hk, g, d = q.shape
     t = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -178,7 +186,7 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
         raise ValueError("decode_attention: rope needs positions")
     cos, sin, off_k, off_v = rope if rope is not None else (q, q, 0, 0)
     if splits is None:  # about one program per multiprocessor (132 on an H200); one split needs no merge kernel
-        splits = max(1, min(tiles, -(-PROGRAMS // (b * hk))))
+        splits = max(1, min(tiles, -(-LAUNCH["programs"] // (b * hk))))
     per_split = -(-tiles // splits) * block_n
     if not span:
         splits = -(-t // per_split)
@@ -199,7 +207,8 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
         positions.stride(0) if span else 0, out.stride(0), out.stride(1), out.stride(2), off_k, off_v,
         g, t, per_split, scale,
         HAS_MASK=mask is not None, HAS_LIMIT=limit is not None, HAS_SPAN=span, DIRECT=direct, ROPE=rope is not None,
-        IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=block_n, D=d, num_warps=num_warps)
+        IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=block_n, D=d, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}))
     if not direct:
         combine_kernel[(b, hk, g)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), splits,
                                    BLOCK_S=1 << (splits - 1).bit_length(), BLOCK_G=block_g, D=d, num_warps=1)

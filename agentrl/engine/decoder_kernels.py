@@ -249,13 +249,18 @@ def silu_mul(gate_up):
 QUARTER = 512  # columns per quarter tile of the sampler (a tile is 4 quarters: one Philox call per 4 columns)
 
 
-def sample_splits(rows: int, vocab: int, programs: int = 528) -> int:
+# The sampler's launch: about ``programs`` programs over all rows, ``num_warps`` each.
+SAMPLE_LAUNCH = {"programs": 528, "num_warps": 4}
+
+
+def sample_splits(rows: int, vocab: int, programs: int | None = None) -> int:
     """Vocabulary splits of :func:`sample` for ``rows`` rows: about ``programs`` programs, whole tiles each."""
     tiles = -(-vocab // (4 * QUARTER))
-    return max(1, min(tiles, -(-programs // rows)))
+    return max(1, min(tiles, -(-(programs or SAMPLE_LAUNCH["programs"]) // rows)))
 
 
-def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=None, splits: int | None = None):
+def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=None, splits: int | None = None,
+           num_warps: int | None = None):
     """Draw one token per row of ``logits`` ``[B, V]`` from ``softmax(logits / temps)`` (Gumbel-max with
     Philox uniforms keyed by ``seed``, a one-element int64 device tensor; greedy rows: the argmax) and write
     ``out[0]`` the token, ``out[1]`` its log-prob at the row's temperature (``out`` ``[2, >= B]`` float64).
@@ -272,7 +277,7 @@ def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=No
     part_f = torch.empty((b, splits, 5), dtype=torch.float32, device=logits.device)
     part_i = torch.empty((b, splits, 2), dtype=torch.int32, device=logits.device)
     sample_partial_kernel[(b, splits)](logits, logits.stride(0), temps, seed, part_f, part_i, v, per_split,
-                                           QUARTER=QUARTER, num_warps=4)
+                                           QUARTER=QUARTER, num_warps=num_warps or SAMPLE_LAUNCH["num_warps"])
     advance = ids is not None
     sample_combine_kernel[(b,)](part_f, part_i, splits, greedy, out, out.stride(0),
                                     ids if advance else out, positions if advance else out,
