@@ -47,6 +47,23 @@ def base_model_dir(cfg: RunConfig) -> Path:
     return out
 
 
+def _warm_dir(cfg: RunConfig, base: Path) -> Path:
+    template_kwargs = cfg.rollout.chat_template_kwargs
+    # Appended only when set, so the keys of existing caches (no kwargs) stay what they were.
+    key_parts = (str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.data.model_dump(), cfg.expert,
+                 cfg.warmup.model_dump(), cfg.seed, *([template_kwargs] if template_kwargs else []))
+    return Path(cfg.cache_dir) / f"warm-{_key(*key_parts)}"
+
+
+def starting_model_dir(cfg: RunConfig, base: Path) -> Path | None:
+    """The model :func:`warm_model_dir` will return, when known before any warm-up runs: ``base`` without
+    a warm-up, the cached warm model once built; None while a warm-up is still to run."""
+    if not cfg.runs_warmup:
+        return base
+    out = _warm_dir(cfg, base)
+    return out if (out / "warmup.json").exists() else None
+
+
 def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, heldout: list[Any],
                    log: MetricsLog | None) -> Path:
     """Supervised warm-up of ``base`` on expert chats, evaluated through the rollout engines; cached.
@@ -62,10 +79,7 @@ def warm_model_dir(cfg: RunConfig, base: Path, rollout: Any, tasks: TaskSource, 
         return base
     w = cfg.warmup
     template_kwargs = cfg.rollout.chat_template_kwargs
-    # Appended only when set, so the keys of existing caches (no kwargs) stay what they were.
-    key_parts = (str(base), cfg.env, cfg.tasks, cfg.task_kwargs, cfg.data.model_dump(), cfg.expert, w.model_dump(), cfg.seed,
-                 *([template_kwargs] if template_kwargs else []))
-    out = Path(cfg.cache_dir) / f"warm-{_key(*key_parts)}"
+    out = _warm_dir(cfg, base)
     done = out / "warmup.json"
     if done.exists():
         for record in json.loads(done.read_text())["history"] if log else []:
