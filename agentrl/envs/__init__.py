@@ -47,7 +47,8 @@ from agentrl.envs.plugins import load_function
 from agentrl.envs.tools import ToolArgumentError, ToolSpec, tool
 
 # The loop imports the trajectory package; loaded on first use so ``import agentrl.envs`` stays minimal.
-_LOOP_NAMES = {"run_episode", "generate_rollout", "EpisodeResult", "EpisodeMetrics", "RolloutResult", "Generate"}
+_LOOP_NAMES = {"run_episode", "generate_rollout", "EpisodeResult", "EpisodeMetrics", "RolloutResult", "Generate",
+               "TurnAbortedError"}
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +66,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ChatRenderer", "Environment", "EpisodeMetrics", "EpisodeResult", "Generate", "HermesFormat",
     "ParsedResponse", "RenderedChat", "RolloutResult", "ToolArgumentError", "ToolCall", "ToolCallError",
-    "ToolCallFormat", "ToolSpec", "format_for", "generate_rollout", "get_tool_call_format", "load_function",
+    "ToolCallFormat", "ToolSpec", "TurnAbortedError", "format_for", "generate_rollout", "get_tool_call_format", "load_function",
     "register_tool_call_format", "run_episode", "tool",
 ]

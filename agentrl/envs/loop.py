@@ -37,6 +37,12 @@ from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
 log = logging.getLogger(__name__)
 
 
+class TurnAbortedError(RuntimeError):
+    """The engine aborted a turn (an engine error; a turn aborted for a weight update is sent again by the
+    episode pool and never gets here). The episode fails: counted, no Sample. Its reward would judge a reply
+    the policy never finished, and a 0 there would train the policy away from what it was saying."""
+
+
 class Generate(Protocol):
     """``await generate(input_ids, session_id=..., sampling_params=...) -> TurnRecord``."""
 
@@ -160,7 +166,8 @@ async def run_episode(
     ``max_context_tokens`` is the engine's context length; each reply's ``max_new_tokens`` is capped
     so that prompt + reply fits both it and ``env.max_total_tokens``. Failures of ``generate`` or of the
     environment's hooks propagate (the session is dropped and ``env.close()`` still runs), as does a NaN or
-    infinite reward (:class:`~agentrl.trajectory.sample.NonFiniteRewardError`); malformed tool calls never do.
+    infinite reward (:class:`~agentrl.trajectory.sample.NonFiniteRewardError`) and a turn the engine aborted
+    (:class:`TurnAbortedError`); malformed tool calls never do.
     """
     manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
     mode = check_prompt_mode(prompt_mode if prompt_mode is not None else env.prompt_mode)
@@ -202,18 +209,18 @@ async def run_episode(
                 requested = params.get("max_new_tokens")
                 params["max_new_tokens"] = budget if requested is None else min(requested, budget)
             turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
+            if turn.finish_reason == "abort":
+                raise TurnAbortedError(f"the engine aborted turn {metrics.turns + 1} of the episode")
             text = renderer.decode_response(turn.output_ids)
             parsed = thinking.parse(text, fmt) if thinking else fmt.parse(text)
             foreign = detect_foreign_calls(parsed.content, fmt) if parsed.content else []
             # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
             # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
             reply = {"role": "assistant", "content": text}
-            aborted = turn.finish_reason == "abort"
             # Act before recording so the turn's metadata says whether any of its calls failed.
             # What the env reads: no reasoning (a <think> block, or a format's own, e.g. gpt-oss's analysis).
             answer = parsed.content if thinking or parsed.reasoning else text
-            answers, ill_formed = ([], False) if aborted else await _act(
-                env, parsed, answer, metrics, fmt=fmt, foreign=foreign, tools=tools)
+            answers, ill_formed = await _act(env, parsed, answer, metrics, fmt=fmt, foreign=foreign, tools=tools)
             outcome = manager.record_turn(
                 session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
                 metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors),
@@ -228,9 +235,6 @@ async def run_episode(
             metrics.generated_tokens += len(turn.output_ids)
             last_finish = turn.finish_reason
             finish[last_finish] += 1
-            if aborted:
-                metrics.stop_reason = StopReason.ABORT
-                break
             messages.extend(answers)
         # NaN or inf would poison every weight it reaches: the episode fails (no Sample), even with no turn.
         reward, metrics.reward_components = combine_reward(await maybe_await(env.reward()), env.reward_weights)

@@ -323,3 +323,42 @@ def test_a_nan_reward_of_an_episode_without_turns_fails_it_too(tokenizer, render
 
     with pytest.raises(ValueError, match="reward must be a finite number, got nan"):
         play(Empty(), make_tasks(1)[0], ScriptedPolicy(tokenizer, ["x"]), renderer)
+
+
+def test_a_turn_the_engine_aborted_fails_its_episode_and_is_never_a_zero_reward_sample(tokenizer, renderer):
+    # The H200 run of 2026-12-03: an engine whose every sampled request failed ("engine step failed; aborting
+    # N in-flight requests") answered with finish_reason "abort", and each episode was scored (0) as a
+    # finished one. Now the episode fails: counted, its session dropped, no Sample, its reward never read.
+    from dataclasses import replace
+
+    from agentrl.envs import TurnAbortedError
+
+    tasks = make_tasks(2, seed=9, multi_turn=True)
+    scripted = ScriptedPolicy(tokenizer, lambda prompt, i: call("add", a=1, b=2) if i == 0 else call("submit", answer=3))
+    rewarded = []
+
+    class Counting(ArithmeticToolEnv):
+        def reward(self):
+            rewarded.append(self.task)
+            return super().reward()
+
+    async def engine(input_ids, *, session_id, sampling_params=None):
+        turn = await scripted(input_ids, session_id=session_id, sampling_params=sampling_params)
+        # the first task's episodes: the engine fails their second turn
+        if session_id.endswith(("g0-0", "g0-1")) and len(scripted.turns[session_id]) == 2:
+            return replace(turn, finish_reason="abort")
+        return turn
+
+    manager = TrajectoryManager()
+    result = asyncio.run(generate_rollout(Counting, tasks, engine, renderer, n_samples_per_task=2,
+                                          trajectory_manager=manager))
+    failed, fine = result.groups
+    for episode in failed:
+        assert not episode.samples and episode.metrics.stop_reason == "error"
+        assert episode.metrics.error_type == TurnAbortedError.__name__
+        assert "aborted turn 2" in episode.metrics.error
+    assert all(e.samples and e.metrics.error is None for e in fine)
+    assert rewarded == [tasks[1], tasks[1]]  # an aborted episode's reward is never asked for
+    assert not manager.sessions
+    summary = result.summary()
+    assert summary["failed"] == 2 and summary["failure_reasons"] == {"TurnAbortedError": 2}
