@@ -405,6 +405,10 @@ class ModelRunner:
         self._graphs: dict[tuple[int, int], Any] = {}  # (bucket, buffer generation) -> captured step
         self._graph_pool = None
         self._graph_failed = False
+        # Unseeded rows' uniforms outside a captured step: None is torch's default generator. A failed
+        # capture leaves that generator marked as capturing, and every later draw from it raises ("Offset
+        # increment outside graph capture"), so the runner then draws from a generator of its own.
+        self.sampling_rng: Any = None
         self._weights_key: tuple[int, ...] = (0, 0)
         self._param_list: list[Any] | None = None
         # decode steps on CUDA graphs draw their tokens inside the graph (decode_sample)
@@ -848,7 +852,10 @@ class ModelRunner:
         except Exception:  # noqa: BLE001 - eager steps are correct, only slower
             logging.getLogger(__name__).exception("CUDA graph capture failed; decoding eagerly from now on")
             self._graph_failed = True
-            torch.cuda.synchronize()
+            self.sampling_rng = torch.Generator(device=self.device)
+            self.sampling_rng.seed()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
 
     # ---- weights ------------------------------------------------------------------------------
     def named_tensors(self) -> dict[str, torch.Tensor]:

@@ -20,8 +20,10 @@ def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    rng: torch.Generator | None = None,
 ) -> tuple[list[int], list[float]]:
-    """Pick one token per row of ``logits`` [B, V]; return (token ids, their log-probs at each row's temperature)."""
+    """Pick one token per row of ``logits`` [B, V]; return (token ids, their log-probs at each row's temperature).
+    Rows without a generator of their own draw from ``rng`` (None: torch's default generator)."""
     import torch
 
     logits = logits.float()
@@ -42,7 +44,7 @@ def sample_next(
         # inverse-CDF draw: one uniform per row (torch.multinomial and per-element noise cost ms per step
         # on CPU at batch 64); seeded rows draw their uniform from their own generator
         cdf = probs.cumsum(dim=-1)
-        u = torch.rand((len(sampled_rows), 1), device=logits.device, dtype=cdf.dtype)
+        u = torch.rand((len(sampled_rows), 1), device=logits.device, dtype=cdf.dtype, generator=rng)
         for j, i in enumerate(sampled_rows):
             if generators[i] is not None:
                 u[j] = torch.rand(1, generator=generators[i], device=logits.device, dtype=cdf.dtype)

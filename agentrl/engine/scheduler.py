@@ -352,7 +352,8 @@ class Scheduler:
     def _sample(self, logits, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
         from agentrl.engine.sampling import sample_next
 
-        return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                           getattr(self.runner, "sampling_rng", None))
 
     def _append_token(self, seq: Sequence, token: int, logprob: float, *, count: bool = True) -> None:
         seq.output_ids.append(token)

@@ -65,3 +65,30 @@ def test_bfloat16_runner_is_close_to_fp32(tiny_model, runner):
     assert (torch.log_softmax(lg16.float(), -1) - torch.log_softmax(lg32, -1)).abs().max() < 0.1
     logits, _ = bf16.decode(BatchKV.empty().extend(kv16), [3, 4])
     assert torch.isfinite(logits.float()).all() and logits.shape == (2, bf16.vocab_size)
+
+
+def test_after_a_failed_capture_unseeded_draws_leave_the_default_generator_alone(tiny_model):
+    # On the H200 (SmolLM2, 2026-12-03) a capture that failed inside cuBLAS left torch's default CUDA
+    # generator marked as capturing; every eager draw from it then raised and the engine aborted every
+    # sampled request. After a failed capture the runner draws from a generator of its own.
+    from agentrl.engine.protocol import SamplingParams
+    from agentrl.engine.sampling import sample_next
+
+    runner = ModelRunner(str(tiny_model), dtype="float32", device="cpu")
+    assert runner.sampling_rng is None
+
+    def fails():
+        raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
+
+    runner._capture({"forward": fails, "graph": None})
+    assert runner._graph_failed and isinstance(runner.sampling_rng, torch.Generator)
+    assert runner.sampling_rng.device == runner.device
+
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=1.0)] * 8
+    before = torch.get_rng_state()
+    runner.sampling_rng.manual_seed(7)
+    first = sample_next(logits, params, [None] * 8, runner.sampling_rng)
+    runner.sampling_rng.manual_seed(7)
+    assert sample_next(logits, params, [None] * 8, runner.sampling_rng) == first  # its own stream
+    assert torch.equal(torch.get_rng_state(), before)  # the default generator was never drawn from
