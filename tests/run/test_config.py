@@ -112,7 +112,7 @@ def test_print_config_shows_the_resolved_config():
     import json
 
     resolved = json.loads(proc.stdout)
-    assert proc.returncode == 0 and resolved["steps"] == 3 and resolved["trainer"]["loss"]["kl_coef"] == 0.001
+    assert proc.returncode == 0 and resolved["steps"] == 3 and resolved["trainer"]["lr"] == 3e-4  # the YAML's, not the default
     import yaml
 
     written = yaml.safe_load(Path(CONFIG).read_text())["rollout"]["temperature"]
