@@ -29,33 +29,10 @@
 #   train     CONFIG (default the coding agent's GPU config): TRAIN_MINUTES of GRPO (default 4), hard limit
 #             TRAIN_HARD_S (420 s)
 #   pack      results into $OUT (metrics, GPU memory samples, logs)
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/gpu_coding_out}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_device_common.sh"
 CONFIG=${CONFIG:-examples/coding_agent/config_smollm2_gpu.yaml}
-STAGE=/tmp/stage SITE=/tmp/site SNAP=/tmp/snap MODEL=/tmp/smollm2 WORK=/tmp/gpu_runs BW=/opt/agentrl-bw
-GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-REPO=$PWD
-mkdir -p "$OUT" "$STAGE" "$WORK"
-export PYTHONPATH=$SITE:$SNAP
-log() { echo "[$(date +%T)] $*"; }
-
-gpu_sampler() {  # $1: prefix. Whole-GPU memory every 0.5 s; per-process memory (with its command) every 2 s.
-  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 500 \
-    > "$WORK/$1_gpu.csv" 2>/dev/null &
-  echo $! > "$WORK/$1_sampler.pids"
-  ( while true; do
-      ts=$(date +%s.%N)
-      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
-        while IFS=', ' read -r pid mem; do
-          echo "$ts,$pid,$mem,$(ps -o args= -p "$pid" 2>/dev/null | cut -c1-90 | tr ',' ' ')"
-        done
-      sleep 2
-    done ) > "$WORK/$1_procs.csv" &
-  echo $! >> "$WORK/$1_sampler.pids"
-}
-stop_sampler() { for p in $(cat "$WORK/$1_sampler.pids" 2>/dev/null); do kill "$p" 2>/dev/null; done; }
+BW=/opt/agentrl-bw
 
 for phase in "$@"; do
   log "== $phase"
@@ -133,31 +110,7 @@ EOF
       fi
       ls -la "$MODEL" ;;
     train)
-      name=main hard=${TRAIN_HARD_S:-420}
-      rm -rf "${WORK:?}/$name"
-      gpu_sampler "$name"
-      ( cd "$SNAP" && timeout -k 15 "$hard" python3 -m agentrl.cli train "$CONFIG" --model.path "$MODEL" \
-          --output-dir "$WORK/$name" --max-minutes "${TRAIN_MINUTES:-4}" ) > "$WORK/$name.log" 2>&1
-      rc=$?
-      stop_sampler "$name"
-      echo "$rc" > "$WORK/$name.rc"
-      log "$name exit $rc"
-      grep -v -i -E "warn|it/s]" "$WORK/$name.log" | tail -25
-      python3 - "$WORK/$name" <<'EOF'
-import csv, json, sys
-from pathlib import Path
-run = Path(sys.argv[1])
-gpu = [float(r[1]) for r in csv.reader(open(f"{run}_gpu.csv")) if len(r) > 1 and r[1].strip().isdigit()]
-print(f"GPU memory used: peak {max(gpu, default=0):.0f} MiB over {len(gpu)} samples")
-rows = [json.loads(l) for l in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else []
-keys = ["step", "rollout/reward_mean", "eval_accuracy", "rollout/seconds", "rollout/tokens_per_s", "train/seconds",
-        "sync/seconds", "env/sandbox/execs_per_s", "env/sandbox/exec_p50_ms", "env/sandbox/exec_p99_ms"]
-for r in rows:
-    if "step" in r:
-        print(" ".join(f"{k.split('/')[-1]}={r[k]:.4g}" if isinstance(r[k], float) else f"{k.split('/')[-1]}={r[k]}"
-                       for k in keys if k in r))
-EOF
-      ;;
+      run_train main "${TRAIN_HARD_S:-420}" "$CONFIG" --max-minutes "${TRAIN_MINUTES:-4}" ;;
     pack)
       name=main
       cp "$WORK/$name/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null

@@ -24,60 +24,9 @@
 #   train      the GRPO run: TRAIN_MINUTES of GRPO (default 3.5), hard limit TRAIN_HARD_S (400 s)
 #   tms_train  2 steps of the same job with --enable-memory-saver and the hook preloaded
 #   pack       results into $OUT (metrics, GPU memory samples, logs)
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/gpu_smollm2_out}
-STAGE=/tmp/stage SITE=/tmp/site SITE_TMS=/tmp/site_tms SNAP=/tmp/snap MODEL=/tmp/smollm2 WORK=/tmp/gpu_runs
-GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-REPO=$PWD
-mkdir -p "$OUT" "$STAGE" "$WORK"
-export PYTHONPATH=$SITE:$SNAP
-log() { echo "[$(date +%T)] $*"; }
-
-gpu_sampler() {  # $1: prefix. Whole-GPU memory every 0.5 s; per-process memory (with its command) every 2 s.
-  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 500 \
-    > "$WORK/$1_gpu.csv" 2>/dev/null &
-  echo $! > "$WORK/$1_sampler.pids"
-  ( while true; do
-      ts=$(date +%s.%N)
-      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
-        while IFS=', ' read -r pid mem; do
-          echo "$ts,$pid,$mem,$(ps -o args= -p "$pid" 2>/dev/null | cut -c1-90 | tr ',' ' ')"
-        done
-      sleep 2
-    done ) > "$WORK/$1_procs.csv" &
-  echo $! >> "$WORK/$1_sampler.pids"
-}
-stop_sampler() { for p in $(cat "$WORK/$1_sampler.pids" 2>/dev/null); do kill "$p" 2>/dev/null; done; }
-
-run_train() {  # $1: name, $2: hard limit (s), rest: extra overrides
-  local name=$1 hard=$2; shift 2
-  rm -rf "$WORK/$name"
-  gpu_sampler "$name"
-  ( cd "$SNAP" && PYTHONPATH=$PYTHONPATH${EXTRA_PATH:+:$EXTRA_PATH} LD_PRELOAD=${PRELOAD:-} \
-      timeout -k 15 "$hard" python3 -m agentrl.cli train examples/arithmetic/config_smollm2_gpu.yaml \
-      --model.path "$MODEL" --output-dir "$WORK/$name" "$@" ) > "$WORK/$name.log" 2>&1
-  local rc=$?
-  stop_sampler "$name"
-  echo "$rc" > "$WORK/$name.rc"
-  log "$name exit $rc"
-  grep -v -i -E "warn|it/s]" "$WORK/$name.log" | tail -25
-  python3 - "$WORK/$name" <<'EOF'
-import csv, json, sys
-from pathlib import Path
-run = Path(sys.argv[1])
-gpu = [float(r[1]) for r in csv.reader(open(f"{run}_gpu.csv")) if len(r) > 1 and r[1].strip().isdigit()]
-print(f"GPU memory used: peak {max(gpu, default=0):.0f} MiB over {len(gpu)} samples")
-rows = [json.loads(l) for l in open(run / "metrics.jsonl")] if (run / "metrics.jsonl").exists() else []
-keys = ["step", "rollout/reward_mean", "rollout/seconds", "rollout/tokens_per_s", "train/seconds", "sync/seconds",
-        "rollout/trained_tokens", "eval_accuracy"]
-for r in rows:
-    if "step" in r:
-        short = lambda k: k.replace("/", "_")
-        print(" ".join(f"{short(k)}={r[k]:.4g}" if isinstance(r[k], float) else f"{short(k)}={r[k]}" for k in keys if k in r))
-EOF
-}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_device_common.sh"
+SITE_TMS=/tmp/site_tms
 
 for phase in "$@"; do
   log "== $phase"
@@ -129,7 +78,7 @@ EOF
       fi
       ls -la "$MODEL" ;;
     train)
-      run_train main "${TRAIN_HARD_S:-400}" --max-minutes "${TRAIN_MINUTES:-3.5}" ;;
+      run_train main "${TRAIN_HARD_S:-400}" examples/arithmetic/config_smollm2_gpu.yaml --max-minutes "${TRAIN_MINUTES:-3.5}" ;;
     tms_train)
       if [ "$(cat /tmp/tms_build.rc 2>/dev/null)" != "0" ]; then
         echo "torch_memory_saver did not build (rc $(cat /tmp/tms_build.rc 2>/dev/null || echo 'still running')); log tail:"
@@ -141,7 +90,7 @@ EOF
         cudart=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))")  # torch's own cudart
         log "hook $hook; libcudart from $cudart"
         export LD_LIBRARY_PATH=$cudart:${LD_LIBRARY_PATH:-}
-        EXTRA_PATH=$SITE_TMS PRELOAD=$hook run_train tms "${TMS_HARD_S:-150}" --steps 2 --eval.num_tasks 32 \
+        EXTRA_PATH=$SITE_TMS PRELOAD=$hook run_train tms "${TMS_HARD_S:-150}" examples/arithmetic/config_smollm2_gpu.yaml --steps 2 --eval.num_tasks 32 \
           --rollout.engine_args '["--max-batch-size", "256", "--enable-memory-saver"]'
         grep -i -E "memory.saver|torch_memory_saver|preload" "$WORK"/tms/logs/engine-*.log 2>/dev/null | head -5
       fi ;;
