@@ -103,8 +103,9 @@ class Run:
                                            cfg.trainer_ranks, plan=self.plan, cpu_threads=threads)
 
             # Without a warm-up to run first, the ranks start while the engines do (a run's start-up was
-            # these two one after the other: ~16 s and ~9 s for the tiny model on 2 cores).
-            known = starting_model_dir(cfg, base)
+            # these two one after the other: ~16 s and ~9 s for the tiny model on 2 cores). Not when
+            # colocated: there the ranks start once the engines have taken their share of the GPUs' memory.
+            known = None if cfg.colocate else starting_model_dir(cfg, base)
             if known is not None:
                 self.trainers = start_trainers(known)
             engines = ray.get(self.rollout.where.remote())
