@@ -11,6 +11,33 @@ REPO=$PWD
 mkdir -p "$OUT" "$STAGE" "$WORK"
 export PYTHONPATH=$SITE:$SNAP
 log() { echo "[$(date +%T)] $*"; }
+stage_carried() {  # what this call carried (.c1 .c2 .c3: one folder per consecutive warm call) into $STAGE
+  for c in .c1 .c2 .c3; do [ -d "$REPO/$c" ] && cp -r "$REPO/$c/." "$STAGE/"; done
+  ls -la "$STAGE"
+}
+
+convert_model() {  # the GGUF pieces carried (gguf.part*, in order) -> checksum -> HF dir $MODEL (fp32), once
+  if [ ! -f "$MODEL/config.json" ]; then
+    cat "$STAGE"/gguf.part* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$GGUF_SHA256  /tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
+    ( cd "$SNAP" && python3 -c "from agentrl.models.smollm2 import convert_gguf; print(convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$MODEL', dtype='float32'))" ) 2>&1 | grep -v -i warn | tail -3
+  fi
+  ls -la "$MODEL"
+}
+
+check_ray_gpus() {  # a local Ray on this machine: its resources, and the GPU ids a half-GPU task is given
+  timeout 120 python3 - <<'EOF'
+import os, ray
+ray.init(address="local", num_cpus=4, include_dashboard=False)
+print("cluster", ray.cluster_resources())
+@ray.remote(num_gpus=0.5)
+def where():
+    import torch
+    return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+print("1/2-GPU task: ids, CUDA_VISIBLE_DEVICES, cuda", ray.get(where.remote()))
+ray.shutdown()
+EOF
+}
 
 gpu_sampler() {  # $1: prefix. Whole-GPU memory every 0.5 s; per-process memory (with its command) every 2 s.
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 500 \

@@ -37,9 +37,7 @@ BW=/opt/agentrl-bw
 for phase in "$@"; do
   log "== $phase"
   case $phase in
-    stage)
-      for c in .c1 .c2 .c3; do [ -d "$REPO/$c" ] && cp -r "$REPO/$c/." "$STAGE/"; done
-      ls -la "$STAGE" ;;
+    stage) stage_carried ;;
     install)
       if [ -d "$STAGE/wheels" ] && [ ! -f "$SITE/.wheels" ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
@@ -91,24 +89,10 @@ EOF
       { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; free -g | head -2
         python3 -c "import sys, torch, transformers, ray, megatron.core as m, pydantic, fastapi, gguf; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, ray.__version__, m.__version__, pydantic.__version__)"
         [ -f "$SITE/.smg" ] && python3 -m smg launch --help 2>&1 | head -2
-        [ -f "$SITE/.smg" ] || timeout 120 python3 - <<'EOF'
-import os, ray
-ray.init(address="local", num_cpus=4, include_dashboard=False)
-@ray.remote(num_gpus=0.5)
-def where():
-    import torch
-    return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
-print("1/2-GPU task: ids, CUDA_VISIBLE_DEVICES, cuda", ray.get(where.remote()))
-ray.shutdown()
-EOF
+        [ -f "$SITE/.smg" ] || check_ray_gpus
       } 2>&1 | grep -v -i "warn" | tee -a "$OUT/env.txt" ;;
     convert)
-      if [ ! -f "$MODEL/config.json" ]; then
-        cat "$STAGE"/gguf.part0 "$STAGE"/gguf.part1 "$STAGE"/gguf.part2 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
-        echo "$GGUF_SHA256  /tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
-        ( cd "$SNAP" && python3 -c "from agentrl.models.smollm2 import convert_gguf; print(convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$MODEL', dtype='float32'))" ) 2>&1 | grep -v -i warn | tail -3
-      fi
-      ls -la "$MODEL" ;;
+      convert_model ;;
     train)
       run_train main "${TRAIN_HARD_S:-420}" "$CONFIG" --max-minutes "${TRAIN_MINUTES:-4}" ;;
     pack)

@@ -31,9 +31,7 @@ SITE_TMS=/tmp/site_tms
 for phase in "$@"; do
   log "== $phase"
   case $phase in
-    stage)
-      for c in .c1 .c2 .c3; do [ -d "$REPO/$c" ] && cp -r "$REPO/$c/." "$STAGE/"; done
-      ls -la "$STAGE" ;;
+    stage) stage_carried ;;
     install)
       if [ ! -f "$SITE/.installed" ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
@@ -49,17 +47,7 @@ for phase in "$@"; do
         python3 -m smg launch --help 2>&1 | head -2
         which nvcc g++; nvcc --version | tail -2; ls /usr/local/cuda/include/cuda.h /usr/local/cuda/lib64/libcudart.so* 2>&1 | head -3
         find / -name 'libcudart.so.13*' -not -path '/proc/*' 2>/dev/null | head -3
-        timeout 120 python3 - <<'EOF'
-import os, ray
-ray.init(address="local", num_cpus=4, include_dashboard=False)
-print("cluster", ray.cluster_resources())
-@ray.remote(num_gpus=0.5)
-def where():
-    import torch
-    return ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
-print("1/2-GPU task: ids, CUDA_VISIBLE_DEVICES, cuda", ray.get(where.remote()))
-ray.shutdown()
-EOF
+        check_ray_gpus
       } 2>&1 | grep -v -i "warn" | tee "$OUT/env.txt" ;;
     tms_bg)
       rm -f /tmp/tms_build.rc
@@ -71,12 +59,7 @@ EOF
       echo "rc: $(cat /tmp/tms_build.rc 2>/dev/null || echo running)"; grep -i -E "error|warning: |Successfully" /tmp/tms_build.log | tail -15
       ls "$SITE_TMS/torch_memory_saver" 2>/dev/null ;;
     convert)
-      if [ ! -f "$MODEL/config.json" ]; then
-        cat "$STAGE/gguf.part1" "$STAGE/gguf.part2" > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
-        echo "$GGUF_SHA256  /tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
-        ( cd "$SNAP" && python3 -c "from agentrl.models.smollm2 import convert_gguf; print(convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$MODEL', dtype='float32'))" ) 2>&1 | grep -v -i warn | tail -3
-      fi
-      ls -la "$MODEL" ;;
+      convert_model ;;
     train)
       run_train main "${TRAIN_HARD_S:-400}" examples/arithmetic/config_smollm2_gpu.yaml --max-minutes "${TRAIN_MINUTES:-3.5}" ;;
     tms_train)
