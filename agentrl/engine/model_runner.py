@@ -404,6 +404,10 @@ class ModelRunner:
         self.static_rows = 64  # initial buffer rows; the engine sets its max batch size
         self._graphs: dict[tuple[int, int], Any] = {}  # (bucket, buffer generation) -> captured step
         self._graph_pool = None
+        # Warm-ups and captures run on this one stream. cuBLAS keeps a workspace per (handle, stream), made on
+        # the stream's first matmul: made inside a capture it would live in the graph pool, which dropping
+        # the graphs (release, weights moved) frees under it; made by the eager warm-up it lives on.
+        self._capture_stream: Any = None
         self._graph_failed = False
         # Unseeded rows' uniforms outside a captured step: None is torch's default generator. A failed
         # capture leaves that generator marked as capturing, and every later draw from it raises ("Offset
@@ -838,7 +842,9 @@ class ModelRunner:
 
         try:
             with torch.inference_mode():
-                side = torch.cuda.Stream()
+                if self._capture_stream is None:
+                    self._capture_stream = torch.cuda.Stream()
+                side = self._capture_stream
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     step["forward"]()
@@ -846,7 +852,7 @@ class ModelRunner:
                 if self._graph_pool is None:
                     self._graph_pool = torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._graph_pool):
+                with torch.cuda.graph(graph, pool=self._graph_pool, stream=side):
                     step["logits"] = step["forward"]()
             step["graph"] = graph
         except Exception:  # noqa: BLE001 - eager steps are correct, only slower

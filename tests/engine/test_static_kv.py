@@ -180,6 +180,41 @@ def test_fused_decode_step_draws_tokens_with_the_plain_forwards_log_probs(tiny_m
     assert fused.decode_sample(b, tokens, top_p, [None] * len(rows)) is None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captured CUDA graphs")
+def test_steps_captured_after_the_graphs_were_dropped_keep_the_plain_forwards_log_probs(tiny_model):
+    """Dropping every captured step (a memory release; weights that moved) frees their graph pool. Steps
+    captured after that still replay to the plain decode's log-probs, captured and not eager: nothing the
+    new captures use (cuBLAS's workspace included) lived in the freed pool (2026-12-03: a capture after a
+    colocated release failed in cuBLAS, and the engine decoded eagerly from then on)."""
+    from agentrl.engine.protocol import SamplingParams
+
+    fused = ModelRunner(str(tiny_model), dtype="float32", device="cuda")
+    plain = ModelRunner(str(tiny_model), dtype="float32", device="cuda", static_kv=False)
+    rng = random.Random(4)
+    params = [SamplingParams(temperature=t) for t in (0.7, 1.0, 1.3)]
+    for round_ in range(3):
+        if round_ == 1:
+            fused.release_static()  # what releasing the KV cache and graphs does
+        elif round_ == 2:
+            for p in fused.model.parameters():  # what releasing and resuming the weights does
+                p.data = p.data.clone()
+            fused.weights_moved()
+            torch.cuda.empty_cache()
+        prompts = [[1] + [rng.randrange(3, 1000) for _ in range(n)] for n in (9, 25, 4)]
+        _, kvs = plain.prefill([(p, None) for p in prompts])
+        a, b = plain.empty_batch().extend(kvs), fused.empty_batch().extend(kvs)
+        tokens = [rng.randrange(3, 1000) for _ in prompts]
+        for _ in range(6):
+            ref, a = plain.decode(a, tokens)
+            drawn = fused.decode_sample(b, tokens, params, [None] * len(prompts))
+            assert drawn is not None and not fused._graph_failed, round_
+            for i, p in enumerate(params):
+                expect = torch.log_softmax(ref[i].float() / p.temperature, -1)[drawn[0][i]].item()
+                assert abs(drawn[1][i] - expect) < TOL, (round_, i)
+            tokens = drawn[0]
+        assert fused._graphs and all(step["graph"] is not None for step in fused._graphs.values())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled for CUDA (fused_ops.py); too slow to compile on CPU")
 def test_compiled_sampler_draws_from_the_softmax_at_the_rows_temperature():
     """The captured step's compiled Gumbel-max sampler: token frequencies follow softmax(logits / T) (4,096 draws
