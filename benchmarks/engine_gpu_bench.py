@@ -263,7 +263,7 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
             engine.runner.fused_decoder, engine.runner.fused_prefill = None, False
         elif args.no_fused_prefill:
             engine.runner.fused_prefill = False
-        engine.scheduler.pipeline = not args.no_pipeline
+        engine.scheduler.pipeline_depth = args.pipeline_depth
         if args.no_triton_attention:
             from agentrl.engine import attention
 
@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fused-decoder", action="store_true",
                    help="engine: transformers' modules for decode and prefill (fused_decoder.py off)")
     p.add_argument("--no-fused-prefill", action="store_true", help="engine: transformers' modules for the prefill")
-    p.add_argument("--no-pipeline", action="store_true", help="engine: collect every step before queuing the next")
+    p.add_argument("--pipeline-depth", type=int, default=2,
+                   help="engine: decode steps in flight behind the one being collected (0: none)")
     p.add_argument("--decode-sdpa", default=None, choices=["efficient", "cudnn", "math", "flash"],
                    help="engine: force this SDPA backend for the one-token decode attention")
     p.add_argument("--profile-host-sampling", action="store_true",

@@ -684,8 +684,6 @@ class ModelRunner:
         ok, temps, greedy = self._rows_sampling
         if not ok:
             return None
-        import torch
-
         bucket = decode_bucket(n)
         batch.reserve(bucket)
         width = batch.width
@@ -699,25 +697,54 @@ class ModelRunner:
                 return None
         if fresh or step.get("state") != state:
             self._write_fused_inputs(step, batch, tokens, temps, greedy)
+        return self._replay(step, batch, {"rows": n, "temps": temps, "greedy": greedy})
+
+    def launch_next(self, handle: dict[str, Any]) -> dict[str, Any] | None:
+        """Queue one more step right behind ``handle``'s (still uncollected) one, on the same rows: the
+        captured step feeds back its own tokens, so the host need not know them. ``None`` when that step
+        cannot simply continue (the batch changed since, or it needs another column than its buffers hold).
+        Tokens it draws for a row that the earlier step finished are the caller's to drop."""
+        step, batch = handle["step"], handle["batch"]
+        if (step.get("tail") is not handle or batch.generation != handle["generation"]
+                or batch.version != handle["version"] or batch.width + 1 > batch.columns):
+            return None
+        return self._replay(step, batch, {key: handle[key] for key in ("rows", "temps", "greedy")})
+
+    def _replay(self, step: dict[str, Any], batch: StaticBatchKV, handle: dict[str, Any]) -> dict[str, Any]:
+        """Replay ``step``'s graph and queue its outputs' copy into a host buffer no uncollected step uses."""
+        import torch
+
+        slot = next((i for i in range(len(step["host"])) if i not in step["busy"]), len(step["host"]))
+        if slot == len(step["host"]):
+            cuda = self.device.type == "cuda"
+            step["host"].append(torch.zeros(step["out"].shape, dtype=step["out"].dtype, pin_memory=cuda))
+            step["done"].append(torch.cuda.Event() if cuda else None)
+        step["busy"].add(slot)
+        host, done = step["host"][slot], step["done"][slot]
         with torch.inference_mode():
             step["graph"].replay()
-            step["host"].copy_(step["out"], non_blocking=step["done"] is not None)
-            if step["done"] is not None:
-                step["done"].record()
+            host.copy_(step["out"], non_blocking=done is not None)
+            if done is not None:
+                done.record()
         batch.lengths = [length + 1 for length in batch.lengths]
-        batch.width = width + 1
-        return {"step": step, "rows": n, "batch": batch, "width": width + 1, "temps": temps, "greedy": greedy}
+        batch.width += 1
+        handle.update(step=step, batch=batch, slot=slot, width=batch.width, generation=batch.generation,
+                      version=batch.version)
+        step["tail"] = handle  # the device's inputs now follow this step, whatever the host last collected
+        step["state"] = None
+        return handle
 
     def collect(self, handle: dict[str, Any]) -> tuple[list[int], list[float]]:
         """Wait for a launched step; its tokens and their log-probs."""
-        step, batch = handle["step"], handle["batch"]
-        if step["done"] is not None:
-            step["done"].synchronize()
-        out = step["host"][:, : handle["rows"]].tolist()
+        step, batch, slot = handle["step"], handle["batch"], handle["slot"]
+        if step["done"][slot] is not None:
+            step["done"][slot].synchronize()
+        out = step["host"][slot][:, : handle["rows"]].tolist()
+        step["busy"].discard(slot)
         new_tokens = [int(t) for t in out[0]]
-        # what the device holds for the next step if nothing about the batch changes
-        step["state"] = (id(batch), batch.generation, batch.version, handle["width"], new_tokens, handle["temps"],
-                         handle["greedy"])
+        if step.get("tail") is handle:  # no later step queued: the device holds what follows these tokens
+            step["state"] = (id(batch), batch.generation, batch.version, handle["width"], new_tokens,
+                             handle["temps"], handle["greedy"])
         return new_tokens, out[1]
 
     def _write_fused_inputs(self, step: dict[str, Any], batch: StaticBatchKV, tokens: list[int], temps: list[float],
@@ -763,8 +790,9 @@ class ModelRunner:
                     greedy=torch.zeros(bucket, dtype=torch.bool, device=dev),
                     cols=torch.arange(batch.columns, device=dev),
                     out=torch.zeros((2, bucket), dtype=torch.float64, device=dev),
-                    host=torch.zeros((2, bucket), dtype=torch.float64, pin_memory=dev.type == "cuda"),
-                    done=torch.cuda.Event() if dev.type == "cuda" else None,
+                    # a host buffer per step in flight (_replay adds them): one step's numbers are read while
+                    # later ones are still being copied
+                    host=[], done=[], busy=set(),
                     blocked=torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev),
                     open=torch.zeros((), dtype=self.dtype, device=dev),
                     # the fused decoder's sampler: Philox key, stepped by every replay (from torch's generator)

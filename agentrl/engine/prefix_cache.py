@@ -73,7 +73,8 @@ class PrefixCache:
         return best_len, kv
 
     def insert(self, tokens: list[int], kv: KV) -> None:
-        """Cache ``kv`` (covering exactly ``tokens``); evict least recently used entries to fit."""
+        """Cache ``kv`` (its first ``len(tokens)`` columns are ``tokens``'; lookups never read further);
+        evict least recently used entries to fit."""
         n = len(tokens)
         if n == 0 or n > self.max_tokens:
             return

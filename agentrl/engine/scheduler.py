@@ -109,9 +109,12 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="agentrl-engine-worker", daemon=True)
         self.last_step_time = 0.0
         self.generated_tokens = 0
-        self._pending: Any = None  # a decode step queued ahead on the device (see _decode_step)
-        self.pipeline = True  # queue steps ahead where allowed (False: every step collected before the next)
+        self._pending: deque[Any] = deque()  # decode steps queued ahead on the device, oldest first (_decode_step)
+        # how many steps may be in flight behind the one being collected: 0 collects every step before the next;
+        # 2 keeps the device busy while the host reads a step's tokens and queues the next
+        self.pipeline_depth = 2
         self.pipelined_steps = 0
+        self.dropped_tokens = 0  # drawn in a queued step for a row that had finished at an earlier step
 
     # ---- called from the event loop / other threads -------------------------------------------
     def start(self) -> None:
@@ -191,12 +194,12 @@ class Scheduler:
                     break
                 controls = list(self._controls)
                 self._controls.clear()
-            if self._pending is not None and (controls or self.waiting or self.paused
-                                              or any(s.abort_requested for s in self.running)):
+            if self._pending and (controls or self.waiting or self.paused
+                                  or any(s.abort_requested for s in self.running)):
                 try:
                     self._drain()
                 except Exception:  # noqa: BLE001 - the step's failure is handled below like any other
-                    self._pending = None
+                    self._pending.clear()
                     logger.exception("collecting a queued decode step failed")
             for fn, fut in controls:
                 if fut.set_running_or_notify_cancel():
@@ -212,7 +215,7 @@ class Scheduler:
                         self._decode_step()
             except Exception as exc:  # fail the in-flight requests, keep the worker (and server) alive
                 logger.exception("engine step failed; aborting %d in-flight requests", len(self.running) + len(self.waiting))
-                self._pending = None
+                self._pending.clear()
                 with self._cond:
                     failed = [*self.running, *self.admitting, *self.waiting]
                     self.running, self.admitting, self.waiting = [], [], deque()
@@ -233,7 +236,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Prefill waiting sequences together (up to the batch and prefill-token budgets)."""
-        if self._pending is not None:
+        if self._pending:
             if not self.waiting:
                 return
             self._drain()  # rows join a batch with no step in flight
@@ -296,16 +299,17 @@ class Scheduler:
         return [(tokens, kv) if i in fresh else (tokens, past) for i, (tokens, past) in enumerate(items)]
 
     def _decode_step(self, *, pipeline: bool = True) -> None:
-        """One decode step for every running row. On the captured-graph path (``runner.launch_sample``) the
-        next step is queued on the device *before* this step's tokens are appended, when nothing can
-        change the batch in between (no row can finish with the token just drawn, no stop strings, no
-        waiting requests, controls, aborts or pause): the host's per-row work then overlaps the device's
-        step. A step queued so is collected by the next call (``_pending``); ``_drain`` collects it early."""
+        """One decode step for every running row. On the captured-graph path (``runner.launch_sample``) up to
+        ``pipeline_depth`` later steps are queued on the device *before* this step's tokens are appended, when
+        nothing can change the batch in between (no row can finish with the token just drawn or run out of
+        length or context in the queued steps, no stop strings, no waiting requests, controls, aborts or
+        pause): the host's per-row work and the wait for a step's numbers then overlap the device's next step.
+        A row may still finish with a token drawn while later steps were queued: those steps' tokens for it
+        are dropped, and the queue is collected (``_drain``) before the row leaves the batch."""
         t0 = time.perf_counter()
         launch = getattr(self.runner, "launch_sample", None)
-        if self._pending is not None:
-            drawn = self.runner.collect(self._pending)
-            self._pending = None
+        if self._pending:
+            drawn = self.runner.collect(self._pending.popleft())
         else:
             tokens = [seq.output_ids[-1] for seq in self.running]
             drawn = None
@@ -316,37 +320,54 @@ class Scheduler:
                 logits, self.batch = self.decoder.decode(self.batch, tokens)
                 drawn = self._sample(logits, self.running)
         new_tokens, logprobs = drawn
-        if pipeline and self.pipeline and launch is not None and self._may_pipeline(new_tokens):
-            self._pending = launch(self.batch, new_tokens, [s.params for s in self.running],
-                                   [s.generator for s in self.running])
-            if self._pending is not None:
-                self.pipelined_steps += 1
+        if pipeline and launch is not None:
+            self._queue_ahead(launch, new_tokens)
+        appended = 0
         for seq, tok, lp in zip(self.running, new_tokens, logprobs, strict=False):
-            self._append_token(seq, tok, lp, count=False)
-        self.generated_tokens += len(self.running)
-        self.metrics.generated_tokens.inc(len(self.running))  # one counter update per step, not per row
+            if seq.pending_finish_reason is None:  # else it finished at a step before this queued one
+                self._append_token(seq, tok, lp, count=False)
+                appended += 1
+        self.dropped_tokens += len(self.running) - appended
+        self.generated_tokens += appended
+        self.metrics.generated_tokens.inc(appended)  # one counter update per step, not per row
         self.metrics.observe_batch(len(self.running))
+        if self._pending and any(s.pending_finish_reason is not None for s in self.running):
+            self._drain()  # rows leave a batch with no step in flight
         self._finish_done()
         self.last_step_time = time.perf_counter() - t0
 
-    def _may_pipeline(self, new_tokens: list[int]) -> bool:
-        """Whether no running row can finish (or be aborted) once ``new_tokens`` are appended, and nothing
-        waits to change the batch: then the next step may be queued before they are."""
+    def _queue_ahead(self, launch: Callable[..., Any], new_tokens: list[int]) -> None:
+        """Queue steps behind the one just collected, up to ``pipeline_depth`` in flight."""
+        while len(self._pending) < self.pipeline_depth and self._may_pipeline(new_tokens, len(self._pending) + 1):
+            if self._pending:
+                handle = self.runner.launch_next(self._pending[-1])
+            else:
+                handle = launch(self.batch, new_tokens, [s.params for s in self.running],
+                                [s.generator for s in self.running])
+            if handle is None:
+                return
+            self._pending.append(handle)
+            self.pipelined_steps += 1
+
+    def _may_pipeline(self, new_tokens: list[int], ahead: int) -> bool:
+        """Whether no running row finishes with ``new_tokens``, none runs out of length or context within
+        ``ahead`` more steps, and nothing waits to change the batch: then ``ahead`` steps may be in flight
+        when they are appended. (A row may still draw a stop token in a queued step; see _decode_step.)"""
         if self.waiting or self._controls or self.paused:
             return False
         eos, context = self.runner.eos_token_ids, self.runner.context_length
         for seq, tok in zip(self.running, new_tokens, strict=True):
             p = seq.params
             if (seq.abort_requested or p.stop or tok in p.stop_token_ids or (not p.ignore_eos and tok in eos)
-                    or len(seq.output_ids) + 1 >= p.max_new_tokens
-                    or len(seq.prompt_ids) + len(seq.output_ids) + 1 >= context):
+                    or len(seq.output_ids) + ahead >= p.max_new_tokens
+                    or len(seq.prompt_ids) + len(seq.output_ids) + ahead >= context):
                 return False
         return True
 
     def _drain(self) -> None:
-        """Collect a step queued ahead (its tokens appended, finished rows dropped) before anything else
-        touches the batch."""
-        if self._pending is not None:
+        """Collect the steps queued ahead (their tokens appended, finished rows dropped) before anything
+        else touches the batch."""
+        while self._pending:
             self._decode_step(pipeline=False)
 
     def _sample(self, logits, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
@@ -394,7 +415,8 @@ class Scheduler:
         finished = []
         for i in rows:
             seq = self.running[i]
-            # the KV covers every token but the last output one (sampled, never fed back)
+            # the KV covers every token but the last output one (sampled, never fed back), or more: steps queued
+            # behind the row's last token fed it and tokens drawn after it (lookups take only the matched columns)
             kv_tokens = seq.all_tokens()[: self.batch.lengths[i]]
             if 0 < len(kv_tokens) <= self.prefix_cache.max_tokens:  # else the cache would not keep the copy
                 self.prefix_cache.insert(kv_tokens, self.batch.row(i))

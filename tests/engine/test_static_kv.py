@@ -238,10 +238,13 @@ def test_compiled_sampler_draws_from_the_softmax_at_the_rows_temperature():
         assert ((freq - p).abs() <= 5 * (p * (1 - p) / rows).sqrt() + 1e-3).all(), (i, freq, p)
 
 
-def test_steps_queued_ahead_keep_the_plain_forwards_log_probs(tiny_model, hf_model, hf_logprobs, monkeypatch):
-    """The scheduler queues the next captured step before appending this one's tokens when no row can finish
-    in between; rows finishing at different steps (and a request joining mid-way) still get exactly the
-    plain forward's log-probs. Here on CPU, the captured step replayed eagerly."""
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_steps_queued_ahead_keep_the_plain_forwards_log_probs(tiny_model, hf_model, hf_logprobs, monkeypatch, depth):
+    """The scheduler queues up to ``depth`` captured steps before appending a step's tokens when no row can
+    finish by length in between. Rows finishing at different steps by length, a request joining mid-way,
+    and rows ending on a stop token drawn while a later step was queued (whose token for them is dropped)
+    still get exactly the plain forward's log-probs, and the prefix cache keeps only KV of tokens a row
+    really has. Here on CPU, the captured step replayed eagerly."""
     import threading
 
     from agentrl.engine.engine import Engine, EngineConfig
@@ -258,41 +261,58 @@ def test_steps_queued_ahead_keep_the_plain_forwards_log_probs(tiny_model, hf_mod
 
     monkeypatch.setattr(runner, "_capture", capture)
     engine = Engine(EngineConfig(str(tiny_model), device="cpu", static_kv=True, max_batch_size=8), runner=runner)
+    engine.scheduler.pipeline_depth = depth
     rng = random.Random(5)
-    prompts = [[1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(3, 25))] for _ in range(6)]
-    lengths = [12, 5, 9, 12, 3, 7]
-    done = threading.Event()
-    finished = []
+    stop = set(range(0, 1000, 8))
 
     class Inline:
         def call_soon_threadsafe(self, fn):
             fn()
 
-    def make(prompt, n):
-        seq = Sequence(prompt_ids=prompt, loop=Inline(), params=SamplingParams(max_new_tokens=n, temperature=1.1,
-                                                                               ignore_eos=True))
-
-        def notify():
-            if seq.finished:
-                finished.append(seq)
-                if len(finished) == len(prompts):
-                    done.set()
-        seq.notify = notify
+    def make(n, stop_ids=(), prompt=None):
+        prompt = prompt or [1] + [rng.randrange(3, 1000) for _ in range(rng.randrange(3, 25))]
+        seq = Sequence(prompt_ids=prompt, loop=Inline(), params=SamplingParams(
+            max_new_tokens=n, temperature=1.1, ignore_eos=True, stop_token_ids=sorted(stop_ids)))
+        seq.finished_event = threading.Event()
+        seq.notify = lambda: seq.finished and seq.finished_event.set()
         return seq
 
-    seqs = [make(p, n) for p, n in zip(prompts, lengths, strict=True)]
+    def run(seqs):
+        for seq in seqs:
+            engine.scheduler.submit(seq)
+        assert all(seq.finished_event.wait(120) for seq in seqs)
+
+    by_length = [make(n) for n in (12, 5, 9, 12, 3)]
+    joining = make(7)
+    # six rows that end on any token in ``stop`` (1 in 8) or at 100 tokens; only a stop among a row's first
+    # two tokens comes before a step is queued behind it, so from depth 2 on some row's stop is drawn with a step
+    # in flight unless all six stop that early (p ~ 0.234^6 ~ 2e-4)
+    stopping = [make(100, stop) for _ in range(6)]
     engine.start()
     try:
-        for seq in seqs[:5]:
+        for seq in by_length:
             engine.scheduler.submit(seq)
-        while not any(len(s.output_ids) >= 4 for s in seqs[:5]):
+        while not any(len(s.output_ids) >= 4 for s in by_length):
             time.sleep(0.005)
-        engine.scheduler.submit(seqs[5])  # joins while steps are queued ahead
-        assert done.wait(120)
+        run([joining])  # joins while steps are queued ahead
+        run(stopping)
+        stopped = next(s for s in stopping if s.finish_reason["type"] == "stop")
+        follow = make(4, prompt=stopped.prompt_ids + stopped.output_ids + [5, 6])
+        run([follow])  # a follow-up turn on the stopped row's tokens reuses its cached KV
     finally:
         engine.shutdown()
     assert engine.scheduler.pipelined_steps > 0
-    for seq in seqs:
+    # at depth 1 nothing is queued behind a step whose token may stop a row, so no token is ever dropped
+    assert (engine.scheduler.dropped_tokens > 0) == (depth > 1)
+    for seq in [*by_length, joining]:
         assert seq.finish_reason["type"] == "length" and len(seq.output_ids) == seq.params.max_new_tokens
+    for seq in stopping:
+        assert seq.finish_reason["type"] == ("stop" if seq.output_ids[-1] in stop else "length")
+        assert not stop & set(seq.output_ids[:-1])  # nothing was appended after the stop token
+    # every token of the stopped row was cached (from depth 2 on perhaps its stop token too: a queued step fed
+    # it), and at depth 3 the entry's KV also has a column of a token drawn after the stop, which is never read
+    cached = len(stopped.prompt_ids) + len(stopped.output_ids)
+    assert follow.cached_tokens in (cached - 1, cached)
+    for seq in [*by_length, joining, *stopping, follow]:
         ref = hf_logprobs(hf_model, seq.prompt_ids, seq.output_ids, 1.1)
         assert max(abs(a - b) for a, b in zip(seq.output_logprobs, ref, strict=True)) < TOL
