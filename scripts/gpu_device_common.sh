@@ -16,9 +16,14 @@ stage_carried() {  # what this call carried (.c1 .c2 .c3: one folder per consecu
   ls -la "$STAGE"
 }
 
-convert_model() {  # the GGUF pieces carried (gguf.part*, in order) -> checksum -> HF dir $MODEL (fp32), once
+convert_model() {  # the GGUF pieces carried (gguf.part*, or of its xz: gguf.xz.part*, in order) -> checksum
+  # -> HF dir $MODEL (fp32), once
   if [ ! -f "$MODEL/config.json" ]; then
-    cat "$STAGE"/gguf.part* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+    if compgen -G "$STAGE/gguf.xz.part*" >/dev/null; then
+      cat "$STAGE"/gguf.xz.part* | xz -dc > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+    else
+      cat "$STAGE"/gguf.part* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+    fi
     echo "$GGUF_SHA256  /tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
     ( cd "$SNAP" && python3 -c "from agentrl.models.smollm2 import convert_gguf; print(convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$MODEL', dtype='float32'))" ) 2>&1 | grep -v -i warn | tail -3
   fi

