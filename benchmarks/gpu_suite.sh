@@ -82,7 +82,7 @@ print(json.dumps({'block_n': a['block_n'], 'num_warps': a['warps'], 'num_stages'
     engab)  # A/Bs of the engine alone at c=1/128: no step or one step queued ahead (default two), without the Triton decode attention
       # (SDPA: cuDNN), host-side sampling, without the compiled ops (and so without the Triton attention);
       # ENGAB overrides the list (e.g. "nofd:--no-fused-decoder nofp:--no-fused-prefill")
-      for v in ${ENGAB:-"depth0:--pipeline-depth 0" "depth1:--pipeline-depth 1" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling" "nofused:--no-fused-ops"}; do
+      for v in ${ENGAB:-"depth0:--pipeline-depth=0" "depth1:--pipeline-depth=1" "notriton:--no-triton-attention" "hostsample:--no-fused-sampling" "nofused:--no-fused-ops"}; do
         timeout 150 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
           --engine-modes static --hf-modes ${v#*:} --out "$OUT/engine_ab_${v%%:*}.json" 2>&1 \
           | grep -v -i -E "warn|it/s" | tail -4
