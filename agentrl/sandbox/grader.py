@@ -133,6 +133,23 @@ def judge(res: ExecResult, nonce: str, expected: int) -> GradeResult:
     return GradeResult(True, "passed", **common)
 
 
+def export_solution(agent_sandbox: Sandbox, paths: Sequence[str]) -> dict[str, bytes] | GradeResult:
+    """``paths`` copied out of the agent's sandbox without its help (``Sandbox.export_file``: the engine's
+    archive API, or the host), or the failed grade they earn at once: a path that is missing, not a
+    regular file (a link, a FIFO) or too large."""
+    files = {}
+    for path in paths:
+        try:
+            files[path] = agent_sandbox.export_file(path, max_bytes=MAX_SOLUTION_BYTES)
+        except FileNotFoundError:
+            return GradeResult(False, f"solution file {path} is missing")
+        except (SpecialFileError, IsADirectoryError):
+            return GradeResult(False, f"solution file {path} is not a regular file")
+        except ValueError:
+            return GradeResult(False, f"solution file {path} is larger than {MAX_SOLUTION_BYTES} bytes")
+    return files
+
+
 class Grader:
     """``Grader().grade({"solution.py": code}, {"test_solution.py": tests})`` -> :class:`GradeResult`.
 
@@ -175,19 +192,10 @@ class Grader:
 
     def grade_from(self, agent_sandbox: Sandbox, paths: Sequence[str], test_files: Mapping[str, str | bytes], *,
                    timeout: float | None = None) -> GradeResult:
-        """Copy ``paths`` out of the agent's sandbox without its help (``Sandbox.export_file``: the
-        engine's archive API, or the host) and grade them in a fresh one. A path that is missing, not a
-        regular file (a link, a FIFO) or too large fails the grade at once."""
-        files = {}
-        for path in paths:
-            try:
-                files[path] = agent_sandbox.export_file(path, max_bytes=MAX_SOLUTION_BYTES)
-            except FileNotFoundError:
-                return GradeResult(False, f"solution file {path} is missing")
-            except (SpecialFileError, IsADirectoryError):
-                return GradeResult(False, f"solution file {path} is not a regular file")
-            except ValueError:
-                return GradeResult(False, f"solution file {path} is larger than {MAX_SOLUTION_BYTES} bytes")
+        """Copy ``paths`` out of the agent's sandbox (:func:`export_solution`) and grade them in a fresh one."""
+        files = export_solution(agent_sandbox, paths)
+        if isinstance(files, GradeResult):
+            return files
         return self.grade(files, test_files, timeout=timeout)
 
     def grade_many(self, items: Sequence[tuple[Mapping[str, str | bytes], Mapping[str, str | bytes]]], *,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from agentrl.sandbox.backend import make_sandbox, resolve_backend
 from agentrl.sandbox.base import Sandbox, SandboxError, work_path
+from agentrl.sandbox.blocking import run_blocking
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.grader import (
     MOUNT,
@@ -73,25 +74,43 @@ class PooledGrader(Grader):
 
     def grade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
               timeout: float | None = None) -> GradeResult:
-        _validate_tests(test_files)
-        for path in solution_files:
-            work_path("/work", path)  # ValueError before any sandbox is used
-        expected = count_tests(test_files)
-        nonce = secrets.token_hex(16)
+        expected = _checked(solution_files, test_files)
         try:
             sandbox = self.pool.acquire(timeout=self.acquire_timeout)
         except TimeoutError as exc:
-            raise SandboxError(f"no grading sandbox within {self.acquire_timeout:.0f} s (all busy, or the "
-                               "container engine does not answer); the solution was not judged") from exc
+            raise self._none_free() from exc
         try:
-            if solution_files:
-                sandbox.write_files(solution_files)
-            argv, stdin = runner_call(sandbox.python, nonce, test_files)
-            res = sandbox.exec(argv, timeout=timeout or self.timeout, stdin=stdin)
-            if _died(sandbox, res.stdout, nonce):
-                raise SandboxError("the grading sandbox died during the grade; the solution was not judged")
+            return self._run(sandbox, solution_files, test_files, expected, timeout)
         finally:
             self.pool.release(sandbox)
+
+    async def agrade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
+                     timeout: float | None = None) -> GradeResult:
+        """:meth:`grade` for asyncio code: waiting for a free grading sandbox holds no worker thread, so
+        grades queued behind a busy pool do not stall the sandbox calls of running episodes."""
+        expected = _checked(solution_files, test_files)
+        try:
+            sandbox = await self.pool.aacquire(timeout=self.acquire_timeout)
+        except TimeoutError as exc:
+            raise self._none_free() from exc
+        try:
+            return await run_blocking(self._run, sandbox, solution_files, test_files, expected, timeout)
+        finally:
+            await self.pool.arelease(sandbox)
+
+    def _none_free(self) -> SandboxError:
+        return SandboxError(f"no grading sandbox within {self.acquire_timeout:.0f} s (all busy, or the "
+                            "container engine does not answer); the solution was not judged")
+
+    def _run(self, sandbox: Sandbox, solution_files: Mapping[str, str | bytes],
+             test_files: Mapping[str, str | bytes], expected: int, timeout: float | None) -> GradeResult:
+        nonce = secrets.token_hex(16)
+        if solution_files:
+            sandbox.write_files(solution_files)
+        argv, stdin = runner_call(sandbox.python, nonce, test_files)
+        res = sandbox.exec(argv, timeout=timeout or self.timeout, stdin=stdin)
+        if _died(sandbox, res.stdout, nonce):
+            raise SandboxError("the grading sandbox died during the grade; the solution was not judged")
         return judge(res, nonce, expected)
 
     def close(self) -> None:
@@ -107,14 +126,22 @@ class PooledGrader(Grader):
         self.close()
 
 
+def _checked(solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes]) -> int:
+    """The number of tests ``test_files`` define; ValueError, before any sandbox is used, for bad paths."""
+    _validate_tests(test_files)
+    for path in solution_files:
+        work_path("/work", path)
+    return count_tests(test_files)
+
+
 def _died(sandbox: Sandbox, stdout: str, nonce: str, settle_s: float = 2.0) -> bool:
     """Whether the sandbox died under the grade. A run that returned no report may have been cut by a kill
     the container engine has not recorded yet (the exec returns first), so its state is polled a moment
     before the grade is judged: a killed grader must not read as a failing solution."""
+    if nonce in stdout:  # the runner finished its report: the verdict stands, whatever came after
+        return False
     if not sandbox.alive:
         return True
-    if nonce in stdout:
-        return False
     deadline = time.monotonic() + settle_s
     while time.monotonic() < deadline:
         time.sleep(0.1)

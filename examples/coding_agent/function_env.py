@@ -219,21 +219,12 @@ class FunctionEnv(Environment):
 
     async def reward(self) -> float:
         from agentrl.sandbox import SandboxError
-        from agentrl.sandbox.blocking import run_blocking
 
         try:
             if self._failure is None:
                 _, grader = self._shared()
-                tests = hidden_tests(self.task)
-                if self._acquiring is None:  # nothing written: the tests still run, against no solution
-                    async with METER.timed("grade"):
-                        self.grade = await run_blocking(grader.grade, {}, tests)
-                else:
-                    sandbox = await self.sandbox()
-                    async with METER.timed("grade"):
-                        self.grade = await run_blocking(grader.grade_from, sandbox, [SOLUTION_FILE], tests)
-                    if not self.grade.passed:  # "missing" or a crash may mean the sandbox died
-                        await self._check(sandbox, "grading")
+                async with METER.timed("grade"):
+                    self.grade = await self._grade(grader, hidden_tests(self.task))
             if self.grade is not None and self.grade.exec_result is not None:
                 METER.add("grade_run", self.grade.exec_result.duration_s)
         except SandboxError as exc:
@@ -242,6 +233,22 @@ class FunctionEnv(Environment):
             METER.failed()
             raise SandboxFailure(self._failure)
         return self.grade.reward
+
+    async def _grade(self, grader: Any, tests: dict[str, str]) -> Any:
+        from agentrl.sandbox.blocking import run_blocking
+        from agentrl.sandbox.grader import GradeResult, export_solution
+
+        if self._acquiring is None:  # nothing written: the tests still run, against no solution
+            return await grader.agrade({}, tests)
+        sandbox = await self.sandbox()
+        files = await run_blocking(export_solution, sandbox, [SOLUTION_FILE])
+        if isinstance(files, GradeResult):  # a missing file may mean the sandbox died
+            await self._check(sandbox, "grading")
+            return files
+        # The agent's sandbox goes back to the pool before the grade waits for a grading sandbox: the
+        # next episode can write and run tests meanwhile.
+        await self.close()
+        return await grader.agrade(files, tests)
 
     async def close(self) -> None:
         if self._acquiring is None:

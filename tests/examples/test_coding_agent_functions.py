@@ -440,6 +440,50 @@ def test_a_grading_sandbox_killed_mid_grade_fails_the_episode(docker, renderer, 
 
 
 @pytest.mark.docker
+def test_episodes_waiting_for_a_grader_hold_no_agent_sandbox_and_no_worker_thread(docker, renderer, sandboxes):
+    """The only grading sandbox is taken. Four episodes share the two agent sandboxes: all four write,
+    run their tests and reach the grade (each gave its agent sandbox back before waiting), while the
+    sandbox thread pool, two workers here, still runs other calls. Once the grading sandbox is back, every
+    episode is graded."""
+    from agentrl.sandbox import blocking
+
+    pool, grader = sandboxes
+    tasks = make_tasks(4, seed=9)
+    scripts = {t["prompt"]: expert_replies(t) for t in tasks}
+    policy = ScriptedPolicy(renderer.tokenizer, lambda prompt, turn: next(
+        s for p, s in scripts.items() if p in prompt)[min(turn, 2)])
+    tested = []
+
+    class Env(FunctionEnv):
+        async def run_tests(self):
+            tested.append(await FunctionEnv.run_tests(self))
+            return tested[-1]
+
+    async def main():
+        held = await grader.pool.aacquire()
+        rollout = asyncio.ensure_future(generate_rollout(functools.partial(Env, pool=pool, grader=grader), tasks,
+                                                         policy, renderer, concurrency=4))
+        try:
+            deadline = time.monotonic() + 120
+            while len(tested) < 4:
+                assert time.monotonic() < deadline and not rollout.done(), f"{len(tested)} of 4 ran their tests"
+                await asyncio.sleep(0.05)
+            assert await asyncio.wait_for(blocking.run_blocking(lambda: 42), 10) == 42
+            assert not rollout.done()
+        finally:
+            await grader.pool.arelease(held)
+        return await asyncio.wait_for(rollout, 120)
+
+    workers = blocking._max_workers
+    blocking.configure(2)
+    try:
+        result = asyncio.run(main())
+    finally:
+        blocking.configure(workers)
+    assert [e.metrics.reward for e in result.episodes] == [1.0] * 4
+
+
+@pytest.mark.docker
 def test_rollout_metrics_count_real_sandbox_executions(docker, renderer, sandboxes):
     from examples.coding_agent import function_env
 
