@@ -20,17 +20,17 @@ import json
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from agentrl.sandbox.base import SandboxError, SpecialFileError, work_path
+from agentrl.sandbox.base import SandboxError, work_path
 from agentrl.sandbox.cgroups import SandboxCgroup
 from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, ExecutorClient, PipeTransport
 from agentrl.sandbox.executor_sandbox import AGENT_UID, BASE_ENV, ExecutorSandbox
+from agentrl.sandbox.host_files import read_regular_file
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.sandbox.registry import track, untrack
@@ -204,34 +204,8 @@ class BwrapSandbox(ExecutorSandbox):
         parts = work_path(self.workdir, path).split("/")
         if self._child_pid is None or not self._runtime_alive():
             raise SandboxError("sandbox is not running")
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        fd = os.open(f"/proc/{self._child_pid}/root{self.workdir}", flags | os.O_DIRECTORY)
-        try:
-            for i, name in enumerate(parts):
-                try:
-                    nxt = os.open(name, flags, dir_fd=fd)
-                except FileNotFoundError:
-                    raise FileNotFoundError(f"{path} does not exist in the sandbox") from None
-                except OSError as exc:  # ELOOP: a link; ENXIO: a socket
-                    raise SpecialFileError(f"{path} is a link, FIFO or socket, not a regular file") from exc
-                os.close(fd)
-                fd = nxt
-                mode = os.fstat(fd).st_mode
-                if i < len(parts) - 1 and not stat.S_ISDIR(mode):
-                    raise FileNotFoundError(f"{path} does not exist in the sandbox")
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(f"{path} is a directory")
-            if not stat.S_ISREG(mode):
-                raise SpecialFileError(f"{path} is a link, FIFO or socket, not a regular file")
-            if os.fstat(fd).st_size > max_bytes:
-                raise ValueError(f"{path} is larger than {max_bytes} bytes")
-            os.set_blocking(fd, True)
-            data = os.read(fd, max_bytes + 1)
-            if len(data) > max_bytes:
-                raise ValueError(f"{path} is larger than {max_bytes} bytes")
-            return data
-        finally:
-            os.close(fd)
+        return read_regular_file(f"/proc/{self._child_pid}/root{self.workdir}", parts, max_bytes=max_bytes,
+                                 path=path)
 
     def _kill_proc(self) -> None:
         proc, self._proc = self._proc, None

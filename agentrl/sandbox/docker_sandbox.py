@@ -28,6 +28,7 @@ from agentrl.sandbox.docker_client import docker_client
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.executor_client import EXECUTOR_SOURCE, DockerAttachTransport, ExecutorClient
 from agentrl.sandbox.executor_sandbox import AGENT_UID, BASE_ENV, ExecutorSandbox
+from agentrl.sandbox.host_files import read_regular_file
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.sandbox.registry import track, untrack
@@ -40,6 +41,7 @@ AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_TYPE = _GO_MODE_DIR | 1 << 27 | 1 << 26 | 1 << 25 | 1 << 24 | 1 << 21 | 1 << 19
 _TAR_OVERHEAD = 64 * 1024
+_PROBE_FILE = ".agentrl-volume-probe"
 
 
 class DockerSandbox(ExecutorSandbox):
@@ -65,6 +67,7 @@ class DockerSandbox(ExecutorSandbox):
         self._ro_mounts = dict(read_only_mounts or {})
         self._docker = client
         self._exec_socket = None
+        self._work_on_host: str | None = None  # /work's volume as this host sees it, when it does
 
     @property
     def docker(self):
@@ -113,6 +116,7 @@ class DockerSandbox(ExecutorSandbox):
                 api.start(self.container_id)
                 self._executor = self._launch_executor()
                 self._executor.call({"op": "ping"}, 30.0)
+                self._work_on_host = self._host_view_of_work()
             except Exception as exc:
                 self._closed = True
                 self._remove()
@@ -161,14 +165,40 @@ class DockerSandbox(ExecutorSandbox):
         except Exception as exc:
             log.warning("docker exec %s in %s failed: %s", argv, self.name, exc)
 
+    def _host_view_of_work(self) -> str | None:
+        """The work volume's directory on this host when it holds what the sandbox wrote (a local engine in
+        this mount namespace), else None: a remote or rootless engine mounts it where this host cannot
+        see it. Checked with a file written inside and read outside, then the work dir is emptied."""
+        import secrets
+
+        try:
+            mountpoint = self.docker.api.inspect_volume(self.volume_name)["Mountpoint"]
+        except Exception:
+            return None
+        token = secrets.token_hex(16)
+        self.write_files({_PROBE_FILE: token})
+        try:
+            seen = read_regular_file(mountpoint, [_PROBE_FILE], max_bytes=64, path=_PROBE_FILE)
+        except OSError:
+            seen = None
+        self.reset()
+        return mountpoint if seen == token.encode() else None
+
     def export_file(self, path: str, *, max_bytes: int) -> bytes:
-        """The file as the engine archives it (``get_archive``): the sandbox's processes take no part."""
+        """The file read from the work volume on the host without following links, or where the host does
+        not see the volume, as the engine archives it (``get_archive``): the sandbox's processes take no
+        part either way."""
         import docker
         import requests
 
-        full = f"{self.workdir}/{work_path(self.workdir, path)}"
+        rel = work_path(self.workdir, path)
+        full = f"{self.workdir}/{rel}"
         if self.container_id is None:
             raise SandboxError("sandbox is not running")
+        if self._work_on_host is not None:
+            # A stopped container's volume is unmounted: the file reads as missing, and the caller's
+            # liveness check tells a dead sandbox from a missing file.
+            return read_regular_file(self._work_on_host, rel.split("/"), max_bytes=max_bytes, path=path)
         try:
             chunks, st = self.docker.api.get_archive(self.container_id, full)
         except docker.errors.NotFound as exc:

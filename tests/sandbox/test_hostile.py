@@ -114,6 +114,41 @@ def test_a_fifo_or_link_named_like_the_graded_file_fails_at_once(pool, backend, 
     assert_next_episode_served(pool)
 
 
+@pytest.mark.docker
+@pytest.mark.parametrize("trap", ["mkfifo solution.py", "ln -s /etc/passwd solution.py", "mkdir solution.py"])
+def test_the_archive_path_of_a_remote_engine_refuses_the_same_traps(pools, trap):
+    """Where the host cannot see the work volume (a remote or rootless engine), docker sandboxes export
+    through the engine's archive API instead: same answers, a regular file read, a trap refused."""
+    pool = pools("docker")
+    grader = Grader(backend="docker", timeout=20)
+    with pool.session() as sb:
+        on_host, sb._work_on_host = sb._work_on_host, None
+        try:
+            sb.write_files({"solution.py": "def answer():\n    return 42\n"})
+            assert grader.grade_from(sb, ["solution.py"], TESTS).passed
+            assert sb.exec(f"rm -r solution.py && {trap}", timeout=20).exit_code == 0
+            v = grader.grade_from(sb, ["solution.py"], TESTS)
+            assert not v.passed and v.reason == "solution file solution.py is not a regular file", v
+        finally:
+            sb._work_on_host = on_host
+    assert_next_episode_served(pool)
+
+
+@pytest.mark.docker
+def test_a_killed_container_reads_as_missing_and_as_dead_never_as_a_solution(pools):
+    from agentrl.sandbox.docker_client import docker_client
+
+    pool = pools("docker")
+    grader = Grader(backend="docker", timeout=20)
+    with pool.session() as sb:
+        assert sb._work_on_host is not None  # this machine's engine is local: the host reads the volume
+        sb.write_files({"solution.py": "def answer():\n    return 42\n"})
+        docker_client().api.kill(sb.container_id)
+        v = grader.grade_from(sb, ["solution.py"], TESTS)
+        assert not v.passed and "missing" in v.reason and not sb.alive
+    assert_next_episode_served(pool)
+
+
 def test_grading_reads_the_file_even_when_the_executor_is_gone(pool, backend):
     grader = Grader(backend=backend, timeout=20)
     with pool.session() as sb:
