@@ -35,8 +35,11 @@ def init_custom_process_group(
     rank: int,
     group_name: str,
     timeout: timedelta = timedelta(minutes=10),
+    store: Any = None,
 ):
-    """Create a process group outside the default one (SGLang's helper); returns the group handle."""
+    """Create a process group outside the default one (SGLang's helper); returns the group handle.
+    ``store``: rank 0's rendezvous store, already listening (:func:`listening_store`), in place of
+    the one ``init_method`` would open."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
@@ -45,7 +48,8 @@ def init_custom_process_group(
         rendezvous,
     )
 
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    if store is None:
+        store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     pg, _ = _new_process_group_helper(
@@ -53,6 +57,14 @@ def init_custom_process_group(
     )
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
+
+
+def listening_store(host: str, *, world_size: int, timeout: timedelta):
+    """Rank 0's rendezvous store on a port the OS picks as it binds (``store.port``): a port chosen free
+    beforehand can be taken by another process before the store binds it (EADDRINUSE)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False, multi_tenant=True)
 
 
 def broadcast(tensor: torch.Tensor, group, *, src: int = 0) -> None:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from agentrl.engine.launch import free_port
 from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets
 from agentrl.weights.engines import CallResult, EngineClient, collect, raise_errors
 from agentrl.weights.sync import FullSync
@@ -80,11 +79,16 @@ class BroadcastTransport(Transport):
         return self.group
 
     def _open_group(self, backend: str) -> None:
-        from agentrl.engine.weight_group import init_custom_process_group
+        from agentrl.engine.weight_group import init_custom_process_group, listening_store
 
         urls = self.engines.urls
-        port = self.master_port or free_port(self.master_address)
         world_size = 1 + len(urls)
+        store = None
+        if self.master_port:
+            port = self.master_port
+        else:
+            store = listening_store(self.master_address, world_size=world_size, timeout=self.group_timeout)
+            port = store.port
         futures = [
             self.engines.submit(
                 url,
@@ -108,6 +112,7 @@ class BroadcastTransport(Transport):
                 rank=0,
                 group_name=self.group_name,
                 timeout=self.group_timeout,
+                store=store,
             )
         finally:
             results = collect(urls, futures)

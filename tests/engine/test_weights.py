@@ -443,3 +443,21 @@ def test_copy_plan_writes_the_live_parameters_bitwise_even_after_their_data_is_s
     assert plan.still_fits()
     plan()
     assert torch.equal(model.weight, sources["weight"])  # the new storage was written, not the old one
+
+
+def test_rank_0s_rendezvous_store_holds_the_port_it_announces():
+    """The port is the store's from its bind: no window in which another process can take it first
+    (a free port picked beforehand lost that race in a CI run: EADDRINUSE)."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from agentrl.engine.weight_group import listening_store
+
+    store = listening_store("127.0.0.1", world_size=2, timeout=timedelta(seconds=10))
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", store.port))
+    client = TCPStore("127.0.0.1", store.port, 2, False, timeout=timedelta(seconds=10))
+    store.set("k", "v")
+    assert client.get("k") == b"v"
