@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128, 256])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--max-prefill-tokens", type=int, default=None, help="engine; default 32768 on cuda, 8192 on cpu")
+    p.add_argument("--max-prefill-tokens", type=int, default=None, help="engine; default 65536 on cuda (128 prompts of 512 in one prefill), 8192 on cpu")
     p.add_argument("--engine-modes", nargs="+", default=["static"], choices=["static", "dynamic"])
     p.add_argument("--hf-modes", nargs="*", default=["static"], choices=["static", "eager"],
                    help="HF generate anchors (none: engine only)")
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    args.max_prefill_tokens = args.max_prefill_tokens or (32768 if args.device == "cuda" else 8192)
+    args.max_prefill_tokens = args.max_prefill_tokens or (65536 if args.device == "cuda" else 8192)
     args.hf_shapes = args.hf_shapes or args.shapes
     args.profiles = []
     import torch

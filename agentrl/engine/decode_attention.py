@@ -135,11 +135,15 @@ def _kernels():
     return partial_kernel, combine_kernel
 
 
-BLOCK_N = 64
+BLOCK_N = 128
 # The launch when the caller names none: ``programs`` the grid it aims at (about one program per
-# multiprocessor), ``block_n``/``num_warps``/``num_stages`` as in :func:`decode_attention`.
+# multiprocessor), ``block_n``/``num_warps``/``num_stages`` as in :func:`decode_attention`. Tile 128 with three
+# loads in flight was the fastest of 72 launches at 128 rows with K/V read from HBM as in the engine's step
+# (14.8 us against 15.2 for tile 64; benchmarks/results/gpu_engine_2026-12-04/). fp32 tiles are twice the bytes:
+# tile 64 keeps three stages of them inside a multiprocessor's shared memory.
 PROGRAMS = 132
-LAUNCH = {"programs": PROGRAMS, "block_n": BLOCK_N, "num_warps": 4, "num_stages": None}
+LAUNCH = {"programs": PROGRAMS, "block_n": BLOCK_N, "num_warps": 4, "num_stages": 3}
+FP32_BLOCK_N = 64
 
 
 def supported(q, k, v, mask) -> bool:
@@ -163,7 +167,7 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
     attends to columns ``limit - positions[b] .. limit`` alone, its own tokens and the new one (nothing left
     of them is read). ``splits``: programs per (row, KV head) (default: about one per multiprocessor);
     ``block_n``/``num_warps``/``num_stages``: the tile of columns, the warps per program and the loads in flight
-    (Triton's software pipelining); each None: :data:`LAUNCH`'s. ``rope`` (with ``positions``):
+    (Triton's software pipelining); each None: :data:`LAUNCH`'s (fp32: tile :data:`FP32_BLOCK_N`). ``rope`` (with ``positions``):
     ``(cos, sin, k_offset, v_offset)``: ``q`` is the query part of a fused q/k/v projection row (as a view),
     rotated here with the ``[positions, D]`` tables at each row's position, and this step's k and v are read
     from that row at the given element offsets, rotated (k), written into ``k``/``v`` at column ``limit`` and
@@ -172,7 +176,7 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
     import torch
 
     partial_kernel, combine_kernel = _kernels()
-    block_n = block_n or LAUNCH["block_n"]
+    block_n = block_n or (FP32_BLOCK_N if q.dtype == torch.float32 else LAUNCH["block_n"])
     num_warps = num_warps or LAUNCH["num_warps"]
     num_stages = num_stages or LAUNCH["num_stages"]
     b, hk, g, d = q.shape
