@@ -105,6 +105,15 @@ def _validate_tests(test_files: Mapping[str, str | bytes]) -> None:
                 raise ValueError(f"test file {name} is not UTF-8 text") from exc
 
 
+def checked_inputs(solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes]) -> int:
+    """The number of tests ``test_files`` define; ValueError, before any sandbox is used, for bad test files or
+    a solution path outside the work directory."""
+    _validate_tests(test_files)
+    for path in solution_files:
+        work_path("/work", path)
+    return count_tests(test_files)
+
+
 def judge(res: ExecResult, nonce: str, expected: int) -> GradeResult:
     """Turn one runner execution into a verdict (pure; unit-tested on its own)."""
     report = None
@@ -170,10 +179,7 @@ class Grader:
 
     def grade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
               timeout: float | None = None) -> GradeResult:
-        _validate_tests(test_files)
-        for path in solution_files:
-            work_path("/work", path)  # ValueError before any container is made
-        expected = count_tests(test_files)
+        expected = checked_inputs(solution_files, test_files)
         nonce = secrets.token_hex(16)
         host_dir = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
         try:

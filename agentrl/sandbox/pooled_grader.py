@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agentrl.sandbox.backend import make_sandbox, resolve_backend
-from agentrl.sandbox.base import Sandbox, SandboxError, work_path
+from agentrl.sandbox.base import Sandbox, SandboxError
 from agentrl.sandbox.blocking import run_blocking
 from agentrl.sandbox.engine_setup import DEFAULT_IMAGE
 from agentrl.sandbox.grader import (
@@ -30,8 +30,7 @@ from agentrl.sandbox.grader import (
     RUNNER_SOURCE,
     Grader,
     GradeResult,
-    _validate_tests,
-    count_tests,
+    checked_inputs,
     judge,
     runner_call,
 )
@@ -74,7 +73,7 @@ class PooledGrader(Grader):
 
     def grade(self, solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes], *,
               timeout: float | None = None) -> GradeResult:
-        expected = _checked(solution_files, test_files)
+        expected = checked_inputs(solution_files, test_files)
         try:
             sandbox = self.pool.acquire(timeout=self.acquire_timeout)
         except TimeoutError as exc:
@@ -88,7 +87,7 @@ class PooledGrader(Grader):
                      timeout: float | None = None) -> GradeResult:
         """:meth:`grade` for asyncio code: waiting for a free grading sandbox holds no worker thread, so
         grades queued behind a busy pool do not stall the sandbox calls of running episodes."""
-        expected = _checked(solution_files, test_files)
+        expected = checked_inputs(solution_files, test_files)
         try:
             sandbox = await self.pool.aacquire(timeout=self.acquire_timeout)
         except TimeoutError as exc:
@@ -124,14 +123,6 @@ class PooledGrader(Grader):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _checked(solution_files: Mapping[str, str | bytes], test_files: Mapping[str, str | bytes]) -> int:
-    """The number of tests ``test_files`` define; ValueError, before any sandbox is used, for bad paths."""
-    _validate_tests(test_files)
-    for path in solution_files:
-        work_path("/work", path)
-    return count_tests(test_files)
 
 
 def _died(sandbox: Sandbox, stdout: str, nonce: str, settle_s: float = 2.0) -> bool:
