@@ -49,9 +49,10 @@ for part in $parts; do
       timeout 300 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-1.5b \
         --concurrency 1 32 128 256 --engine-modes static --hf-modes static --hf-concurrency 1 128 \
         --out "$OUT/engine_gpu_bench_1.5b.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -16 ;;
-    engpf)  # A/B at c=128: all 128 prompts in one prefill (65,536 tokens) instead of two chunks of 64
+    engpf)  # A/B at c=128: two prefill chunks of 32,768 tokens (the benchmark's default until 2026-12-04) instead
+      # of one of all 128 prompts (65,536 tokens, the default since)
       timeout 120 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 128 \
-        --engine-modes static --hf-modes --max-prefill-tokens 65536 --out "$OUT/engine_ab_prefill1.json" 2>&1 \
+        --engine-modes static --hf-modes --max-prefill-tokens 32768 --out "$OUT/engine_ab_prefill2.json" 2>&1 \
         | grep -v -i -E "warn|it/s" | tail -4 ;;
     engtune)  # the decode attention's and the sampler's launch swept at 128 rows (in CUDA graphs), then engine3's
       # rows with the fastest of each and all 128 prompts in one prefill, against the defaults at c=1/128
