@@ -1,6 +1,6 @@
 """The fused decoder's kernels at decode shapes on CUDA (Qwen2-0.5B by default), each against what it replaces:
 decode attention over each row's span by splits / tile / warps (the tuning of ``decode_attention``), the
-in-kernel sampler against the compiled Gumbel-max one (``fused_ops``) with its ``[rows, vocab]`` uniforms,
+in-kernel sampler (inverse CDF) against the compiled Gumbel-max one (``fused_ops``) with its ``[rows, vocab]`` uniforms,
 add + RMSNorm, rotary + KV write, SiLU gate, and the layer's GEMMs joined (q/k/v, gate/up) and apart.
 Each timed as 20 calls captured in a CUDA graph (no launch overhead, as in the engine's captured step), median
 of ``triton.testing.do_bench`` over replays; prints a table and writes JSON.
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune", action="store_true",
                    help="only the tuning sweeps: the attention as the engine calls it (rotary inside) by splits / tile / "
                         "warps / pipeline stages, and the sampler by splits and warps")
+    p.add_argument("--tune-kinds", nargs="+", default=["attention", "sample"], choices=["attention", "sample"],
+                   help="which launches --tune sweeps")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import torch
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         qd, kd = heads * dim, kv_heads * dim
         kv = [(rnd(b, kv_heads, args.columns, dim), rnd(b, kv_heads, args.columns, dim)) for _ in range(copies)]
         turn = itertools.count()
-        for splits in (1, 2):
+        for splits in (1, 2) if "attention" in args.tune_kinds else ():
             for block_n in (32, 64, 128):
                 for warps in (2, 4, 8):
                     for stages in (None, 2, 3, 4):
@@ -159,11 +161,14 @@ def main(argv: list[str] | None = None) -> int:
                         record("attention", b, f"rope splits={splits} block={block_n} warps={warps} stages={stages}", t,
                                splits=splits, block_n=block_n, warps=warps, stages=stages)
         record("attention", b, "KV bytes / 4.3 TB/s (floor)", 2 * b * kv_heads * (args.span + 1) * dim * 2 / 4.3e6)
+        if "sample" not in args.tune_kinds:
+            return
+        record("sample", b, "logits bytes / 4.3 TB/s (floor)", b * vocab * 2 / 4.3e6)
         logits = [rnd(b, vocab) for _ in range(copies)]
         temps, greedy = torch.ones(b, device=dev), torch.zeros(b, dtype=torch.bool, device=dev)
         seed = torch.tensor([1], device=dev)
         out = torch.zeros((2, b), dtype=torch.float64, device=dev)
-        for programs in (264, 528, 1056, 2112, 4224):
+        for programs in (528, 1056, 2112, 4224, 8448):
             for warps in (2, 4, 8):
                 s_ = dk.sample_splits(b, vocab, programs)
                 record("sample", b, f"programs={programs} splits={s_} warps={warps}",

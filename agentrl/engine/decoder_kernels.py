@@ -9,10 +9,10 @@ Each replaces several of the kernels transformers' eager modules launch per laye
   read from tables that transformers' own rotary module computed once for every position), k and v written into a KV buffer at each token's (row, column): the rotary module, ``apply_rotary_pos_emb``
   and the cache's two ``index_copy_`` in one kernel.
 * :func:`silu_mul`: ``silu(gate) * up`` from the fused gate/up projection.
-* :func:`sample`: the decode step's draw, Gumbel-max over the vocabulary split across programs, the Philox
-  uniforms generated in the kernel (no ``[rows, vocab]`` noise tensor), then a second kernel that merges the
-  splits, writes token and log-prob, and advances the step's inputs (token fed back, positions, column, seed)
-  so a captured step needs no other bookkeeping kernel.
+* :func:`sample`: the decode step's draw: logsumexp and argmax over the vocabulary split across programs, then
+  a second kernel that merges the splits, draws by inverse CDF with one Philox uniform per row (it reads only the
+  split the draw lands in again), writes token and log-prob, and advances the step's inputs (token fed back,
+  positions, column, seed) so a captured step needs no other bookkeeping kernel.
 """
 
 from __future__ import annotations
@@ -90,38 +90,25 @@ def silu_mul_kernel(GU, sgu, Out, so, inner, BLOCK: tl.constexpr):
     tl.store(Out + row * so + cols, (act * u).to(Out.dtype.element_ty), mask=inside)
 
 @triton.jit
-def sample_partial_kernel(Logits, sl, Temps, Seed, PartF, PartI, V, per_split, QUARTER: tl.constexpr):
-    """One (row, split): every lane keeps its own running logsumexp, argmax and Gumbel race over the columns it
-    visits (no cross-lane reduction inside the loop); the lanes are reduced once at the end."""
+def sample_partial_kernel(Logits, sl, Temps, PartF, PartI, V, per_split, QUARTER: tl.constexpr):
+    """One (row, split): every lane keeps its own running logsumexp and argmax over the columns it visits (no
+    cross-lane reduction inside the loop); the lanes are reduced once at the end. One exp per entry, no
+    random numbers: the draw reads only the one split it lands in (``sample_combine_kernel``)."""
     b = tl.program_id(0)
     s = tl.program_id(1)
     ns = tl.num_programs(1)
     inv_temp = 1.0 / tl.load(Temps + b)
-    seed = tl.load(Seed)
     start = s * per_split
     q = tl.arange(0, QUARTER)
     m = tl.full([QUARTER], -float("inf"), tl.float32)
     total = tl.zeros([QUARTER], tl.float32)
     best = tl.full([QUARTER], -float("inf"), tl.float32)
     best_i = tl.zeros([QUARTER], tl.int32)
-    race = tl.full([QUARTER], -float("inf"), tl.float32)
-    race_i = tl.zeros([QUARTER], tl.int32)
-    race_x = tl.zeros([QUARTER], tl.float32)
     row = Logits + b.to(tl.int64) * sl
     for c0 in range(start, start + per_split, 4 * QUARTER):
-        # four uniforms per Philox call: one for each quarter of the tile
-        u0, u1, u2, u3 = tl.rand4x(seed, b * V + c0 // 4 + q)
-        for j in tl.static_range(4):
+        for j in tl.static_range(4):  # four loads in flight per iteration
             cols = c0 + j * QUARTER + q
             x = tl.load(row + cols, mask=cols < V, other=-float("inf")).to(tl.float32) * inv_temp
-            if j == 0:
-                u = u0
-            elif j == 1:
-                u = u1
-            elif j == 2:
-                u = u2
-            else:
-                u = u3
             # logsumexp, one exp per entry: rescale the lane's sum when the entry is its new maximum
             up = x > m
             e = tl.exp(tl.where(up, m - x, x - m))
@@ -132,54 +119,66 @@ def sample_partial_kernel(Logits, sl, Temps, Seed, PartF, PartI, V, per_split, Q
             take = x > best
             best = tl.where(take, x, best)
             best_i = tl.where(take, cols, best_i)
-            r = x - tl.log(-tl.log(u))
-            take = r > race
-            race = tl.where(take, r, race)
-            race_i = tl.where(take, cols, race_i)
-            race_x = tl.where(take, x, race_x)
     big = 2147483647
     m_all = tl.max(m, 0)
     m_safe = tl.where(m_all == -float("inf"), 0.0, m_all)
     total_all = tl.sum(total * tl.exp(m - m_safe), 0)
     best_all = tl.max(best, 0)
     best_at = tl.min(tl.where(best == best_all, best_i, big), 0)
-    race_all = tl.max(race, 0)
-    race_at = tl.min(tl.where(race == race_all, race_i, big), 0)
-    race_x_all = tl.max(tl.where((race == race_all) & (race_i == race_at), race_x, -float("inf")), 0)
     k = b * ns + s
-    tl.store(PartF + k * 5 + 0, m_all)
-    tl.store(PartF + k * 5 + 1, total_all)
-    tl.store(PartF + k * 5 + 2, best_all)
-    tl.store(PartF + k * 5 + 3, race_all)
-    tl.store(PartF + k * 5 + 4, race_x_all)
-    tl.store(PartI + k * 2 + 0, best_at)
-    tl.store(PartI + k * 2 + 1, race_at)
+    tl.store(PartF + k * 3 + 0, m_all)
+    tl.store(PartF + k * 3 + 1, total_all)
+    tl.store(PartF + k * 3 + 2, best_all)
+    tl.store(PartI + k, best_at)
 
 
 @triton.jit
-def sample_combine_kernel(PartF, PartI, S, Greedy, Out, so, Ids, Pos, Column, Seed, ADVANCE: tl.constexpr,
-                          BLOCK_S: tl.constexpr):
+def sample_combine_kernel(PartF, PartI, S, Logits, sl, Temps, V, per_split, Greedy, Out, so, Ids, Pos, Column, Seed,
+                          ADVANCE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr):
+    """One row: the logsumexp and argmax from the splits' partials, then an inverse-CDF draw with one uniform:
+    the split whose cumulative weight passes ``u * total``, and inside it (one pass over its columns) the first
+    column whose cumulative weight does. Rounding between the two sums can leave the target past the split's
+    last column by ~1e-7 of the total: the draw then takes the split's last column of nonzero weight."""
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
     valid = offs < S
     k = b * S + offs
-    ms = tl.load(PartF + k * 5 + 0, mask=valid, other=-float("inf"))
-    ls = tl.load(PartF + k * 5 + 1, mask=valid, other=0.0)
+    ms = tl.load(PartF + k * 3 + 0, mask=valid, other=-float("inf"))
+    ls = tl.load(PartF + k * 3 + 1, mask=valid, other=0.0)
     m = tl.max(ms, 0)
-    lse = m + tl.log(tl.sum(ls * tl.exp(ms - m), 0))
+    ws = tl.where(valid, ls * tl.exp(ms - m), 0.0)  # each split's weight, relative to the row's maximum
+    total = tl.sum(ws, 0)
+    lse = m + tl.log(total)
     big = 2147483647
-    bs = tl.load(PartF + k * 5 + 2, mask=valid, other=-float("inf"))
+    bs = tl.load(PartF + k * 3 + 2, mask=valid, other=-float("inf"))
     best = tl.max(bs, 0)
-    best_i = tl.min(tl.where(bs == best, tl.load(PartI + k * 2 + 0, mask=valid, other=big), big), 0)
-    rs = tl.load(PartF + k * 5 + 3, mask=valid, other=-float("inf"))
-    race = tl.max(rs, 0)
-    ri = tl.load(PartI + k * 2 + 1, mask=valid, other=big)
-    race_i = tl.min(tl.where(rs == race, ri, big), 0)
-    race_x = tl.max(tl.where((rs == race) & (ri == race_i), tl.load(PartF + k * 5 + 4, mask=valid, other=0.0),
-                             -float("inf")), 0)
+    best_i = tl.min(tl.where(bs == best, tl.load(PartI + k, mask=valid, other=big), big), 0)
+    # the split the draw lands in: the number of splits whose cumulative weight is <= the target (capped at the
+    # last split with weight), and the target's remainder inside it
+    target = tl.rand(tl.load(Seed), b) * total
+    landed = tl.minimum(tl.sum(((tl.cumsum(ws, 0) <= target) & valid).to(tl.int32), 0),
+                        tl.max(tl.where(ws > 0, offs, -1), 0))
+    rest = target - tl.sum(tl.where(offs < landed, ws, 0.0), 0)
+    inv_temp = 1.0 / tl.load(Temps + b)
+    row = Logits + b.to(tl.int64) * sl
+    start = landed * per_split
+    end = tl.minimum(start + per_split, V)
+    q = tl.arange(0, BLOCK)
+    drawn = big
+    last = -1
+    carry = 0.0
+    for c0 in range(0, per_split, BLOCK):
+        cols = start + c0 + q
+        x = tl.load(row + cols, mask=cols < end, other=-float("inf")).to(tl.float32) * inv_temp
+        w = tl.where(x == -float("inf"), 0.0, tl.exp(x - m))
+        running = tl.cumsum(w, 0) + carry
+        drawn = tl.minimum(drawn, tl.min(tl.where((running > rest) & (w > 0), cols, big), 0))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), 0))
+        carry += tl.sum(w, 0)
+    drawn = tl.maximum(tl.where(drawn == big, last, drawn), 0)  # 0: a row with no finite weight (NaN logits)
     greedy = tl.load(Greedy + b) != 0
-    chosen = tl.where(greedy, best_i, race_i)
-    chosen_x = tl.where(greedy, best, race_x)
+    chosen = tl.where(greedy, best_i, drawn)
+    chosen_x = tl.load(row + chosen).to(tl.float32) * inv_temp
     tl.store(Out + b, chosen.to(tl.float64))
     tl.store(Out + so + b, (chosen_x - lse).to(tl.float64))
     if ADVANCE:  # the step's inputs for the next replay: its token, one position on, the next column
@@ -246,11 +245,13 @@ def silu_mul(gate_up):
     return out
 
 
-QUARTER = 512  # columns per quarter tile of the sampler (a tile is 4 quarters: one Philox call per 4 columns)
+QUARTER = 512  # columns per quarter tile of the sampler's first pass (a tile is 4 quarters, loaded together)
+SCAN_BLOCK = 1024  # columns per iteration of the draw's pass over the split it lands in
 
 
 # The sampler's launch: about ``programs`` programs over all rows, ``num_warps`` each (4,224: the fastest of 15
-# launches at 128 rows with logits read from HBM, 84 us against 92 for 528; gpu_engine_2026-12-04/).
+# launches at 128 rows with logits read from HBM, 84 us against 92 for 528, when the first pass also drew Gumbel
+# noise; gpu_engine_2026-12-04/).
 SAMPLE_LAUNCH = {"programs": 4224, "num_warps": 4}
 
 
@@ -262,24 +263,25 @@ def sample_splits(rows: int, vocab: int, programs: int | None = None) -> int:
 
 def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=None, splits: int | None = None,
            num_warps: int | None = None):
-    """Draw one token per row of ``logits`` ``[B, V]`` from ``softmax(logits / temps)`` (Gumbel-max with
-    Philox uniforms keyed by ``seed``, a one-element int64 device tensor; greedy rows: the argmax) and write
-    ``out[0]`` the token, ``out[1]`` its log-prob at the row's temperature (``out`` ``[2, >= B]`` float64).
-    With ``ids``/``positions``/``column``: also feed the token back, advance positions and the column and
-    step the seed (the captured decode step's bookkeeping)."""
+    """Draw one token per row of ``logits`` ``[B, V]`` from ``softmax(logits / temps)`` (inverse CDF with one
+    Philox uniform per row keyed by ``seed``, a one-element int64 device tensor, as ``sampling.sample_next``;
+    greedy rows: the argmax) and write ``out[0]`` the token, ``out[1]`` its log-prob at the row's temperature
+    (``out`` ``[2, >= B]`` float64). With ``ids``/``positions``/``column``: also feed the token back, advance
+    positions and the column and step the seed (the captured decode step's bookkeeping)."""
     import torch
 
     b, v = logits.shape
     if b * v >= 2**31:
-        raise ValueError(f"sample: {b} rows x {v} entries overflow the int32 Philox offsets")
+        raise ValueError(f"sample: {b} rows x {v} entries overflow the int32 column offsets")
     splits = splits or sample_splits(b, v)
     per_split = -(-v // (splits * 4 * QUARTER)) * 4 * QUARTER
     splits = -(-v // per_split)
-    part_f = torch.empty((b, splits, 5), dtype=torch.float32, device=logits.device)
-    part_i = torch.empty((b, splits, 2), dtype=torch.int32, device=logits.device)
-    sample_partial_kernel[(b, splits)](logits, logits.stride(0), temps, seed, part_f, part_i, v, per_split,
-                                           QUARTER=QUARTER, num_warps=num_warps or SAMPLE_LAUNCH["num_warps"])
+    part_f = torch.empty((b, splits, 3), dtype=torch.float32, device=logits.device)
+    part_i = torch.empty((b, splits), dtype=torch.int32, device=logits.device)
+    sample_partial_kernel[(b, splits)](logits, logits.stride(0), temps, part_f, part_i, v, per_split,
+                                       QUARTER=QUARTER, num_warps=num_warps or SAMPLE_LAUNCH["num_warps"])
     advance = ids is not None
-    sample_combine_kernel[(b,)](part_f, part_i, splits, greedy, out, out.stride(0),
-                                    ids if advance else out, positions if advance else out,
-                                    column if advance else out, seed, ADVANCE=advance, BLOCK_S=max(2, _pow2(splits)), num_warps=1)
+    sample_combine_kernel[(b,)](part_f, part_i, splits, logits, logits.stride(0), temps, v, per_split, greedy, out,
+                                out.stride(0), ids if advance else out, positions if advance else out,
+                                column if advance else out, seed, ADVANCE=advance, BLOCK_S=max(2, _pow2(splits)),
+                                BLOCK=SCAN_BLOCK, num_warps=4)

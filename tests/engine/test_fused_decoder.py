@@ -123,14 +123,16 @@ def test_kernels_match_the_eager_ops(dtype):
 
 
 @cuda
-def test_sampler_draws_from_the_softmax_at_the_rows_temperature_and_advances_the_step():
-    """The in-kernel Gumbel-max draw: token frequencies follow softmax(logits / T) (4,096 draws per row: within
-    5 standard errors), greedy rows take the argmax (the first of equal maxima), log-probs are log_softmax's;
-    the step's token is fed back, positions, column and seed advance."""
+@pytest.mark.parametrize("vocab,splits", [(3000, None), (9000, 5)])
+def test_sampler_draws_from_the_softmax_at_the_rows_temperature_and_advances_the_step(vocab, splits):
+    """The in-kernel inverse-CDF draw: token frequencies follow softmax(logits / T) (4,096 draws per row: within
+    5 standard errors), also when the vocabulary is split across programs and the draw must land in the right
+    split; greedy rows take the argmax (the first of equal maxima), log-probs are log_softmax's; the step's
+    token is fed back, positions, column and seed advance."""
     from agentrl.engine.decoder_kernels import sample
 
     g = torch.Generator("cuda").manual_seed(0)
-    base = torch.randn(3000, device="cuda", generator=g) * 2
+    base = torch.randn(vocab, device="cuda", generator=g) * 2
     base[1234] = base[2345] = base.max() + 1  # a tie: the argmax is the first
     rows, temps = 4096, torch.tensor([0.5, 1.0, 2.0, 1.0], device="cuda")
     logits = base.to(torch.bfloat16).repeat(4 * rows, 1)
@@ -141,7 +143,7 @@ def test_sampler_draws_from_the_softmax_at_the_rows_temperature_and_advances_the
     ids = torch.zeros((4 * rows, 1), dtype=torch.long, device="cuda")
     positions = torch.arange(4 * rows, device="cuda").unsqueeze(1)
     column, seed = torch.tensor([5], device="cuda"), torch.tensor([11], device="cuda")
-    sample(logits, t, greedy, seed, out, ids, positions, column)
+    sample(logits, t, greedy, seed, out, ids, positions, column, splits=splits)
     chosen = out[0].long()
     want = torch.log_softmax(logits.float() / t.unsqueeze(1), -1)
     assert torch.allclose(out[1].float(), want.gather(1, chosen.unsqueeze(1)).squeeze(1), atol=1e-5)
@@ -150,7 +152,7 @@ def test_sampler_draws_from_the_softmax_at_the_rows_temperature_and_advances_the
     assert column.item() == 6 and seed.item() == 12
     for i in range(3):
         p = torch.softmax(base.to(torch.bfloat16).float() / temps[i], -1)
-        freq = torch.bincount(chosen[i * rows : (i + 1) * rows], minlength=3000).float() / rows
+        freq = torch.bincount(chosen[i * rows : (i + 1) * rows], minlength=vocab).float() / rows
         assert ((freq - p).abs() <= 5 * (p * (1 - p) / rows).sqrt() + 1e-3).all(), i
 
 
