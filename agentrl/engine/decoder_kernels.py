@@ -249,9 +249,9 @@ QUARTER = 512  # columns per quarter tile of the sampler's first pass (a tile is
 SCAN_BLOCK = 1024  # columns per iteration of the draw's pass over the split it lands in
 
 
-# The sampler's launch: about ``programs`` programs over all rows, ``num_warps`` each (4,224: the fastest of 15
-# launches at 128 rows with logits read from HBM, 84 us against 92 for 528, when the first pass also drew Gumbel
-# noise; gpu_engine_2026-12-04/).
+# The sampler's launch: about ``programs`` programs over all rows, ``num_warps`` each. With logits read from HBM at
+# 128 rows, 4,224 x 4 warps takes 29.9 us, within 1 us of the fastest of 15 launches (8,448 x 2: 28.9 us), 55.5 us
+# at 528 (gpu_engine_2026-12-04b/tune_sample_call1.json).
 SAMPLE_LAUNCH = {"programs": 4224, "num_warps": 4}
 
 
