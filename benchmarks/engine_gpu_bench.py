@@ -285,6 +285,7 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                              "fused_ops": engine.runner.fused_ops, "decode_sdpa": args.decode_sdpa,
                              "fused_decoder": engine.runner.fused_decoder is not None,
                              "fused_prefill": engine.runner.fused_prefill,
+                             "pdl": not args.no_pdl,
                              "triton_attention": __import__("agentrl.engine.attention").engine.attention.TRITON_DECODE,
                              "cuda_graphs": engine.runner.cuda_graphs and not engine.runner._graph_failed,
                              "fused_sampling": engine.runner.fused_sampling})
@@ -354,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampler-launch", default=None, metavar="JSON",
                    help='engine: the sampler\'s launch, e.g. {"programs": 1056, "num_warps": 4} '
                         '(decoder_kernels.SAMPLE_LAUNCH)')
+    p.add_argument("--no-pdl", action="store_true",
+                   help="engine: launch the Triton kernels plainly (decoder_kernels.PDL off)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)
@@ -369,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         from agentrl.engine import decode_attention
 
         decode_attention.LAUNCH.update(json.loads(args.attention_launch))
+    if args.no_pdl:
+        from agentrl.engine import decoder_kernels
+
+        decoder_kernels.PDL = False
     if args.sampler_launch:
         from agentrl.engine import decoder_kernels
 

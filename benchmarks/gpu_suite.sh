@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20's GPU benchmarks in one device call (one H200): each writes its JSON and log under $OUT, which
-# come back to benchmarks/results/. Carries .whl (megatron-core, fastapi and friends, zstandard; .whl/hf:
+# come back to benchmarks/results/. Carries .whl (bash benchmarks/device_wheels.sh: megatron-core, fastapi and friends, zstandard; .whl/hf:
 # transformers 5.x if the image's is older). Usage on the device: bash benchmarks/gpu_suite.sh [parts...]
-# parts: env logprobs englogprobs engine engine2 engine3 engprof engab engkern eng15 engpf engtune trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
+# parts: env logprobs englogprobs engine engine2 engine3 engprof engab engpdl engkern eng15 engpf engtune trainer trainer-before trainer-fp32lp trainer-unfused trainer-fused delta ipc
 # packing (default: env logprobs
 # engine trainer delta ipc packing); engine2: the CUDA-graph
 # engine against the warm HF anchors (0.5B) and on 1.5B, the second run of 2026-12-02; engine3: the 0.5B
@@ -72,6 +72,14 @@ print(json.dumps({'block_n': a['block_n'], 'num_warps': a['warps'], 'num_stages'
         | grep -v -i -E "warn|it/s" | tail -9
       timeout 100 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
         --engine-modes static --hf-modes --out "$OUT/engine_ab_defaults.json" 2>&1 | grep -v -i -E "warn|it/s" | tail -4 ;;
+    engpdl)  # A/B at c=1/128, the engine alone: programmatic dependent launch on (the default) and off, twice
+      for variant in "pdl1:" "nopdl1:--no-pdl" "pdl2:" "nopdl2:--no-pdl"; do
+        name=${variant%%:*}
+        # shellcheck disable=SC2086
+        timeout 100 python3 benchmarks/engine_gpu_bench.py --device cuda --shapes qwen2-0.5b --concurrency 1 128 \
+          --engine-modes static --hf-modes ${variant#*:} --out "$OUT/engine_ab_$name.json" 2>&1 \
+          | grep -v -i -E "warn|it/s" | tail -3 | sed "s/^/$name: /"
+      done ;;
     engkern)  # the fused decoder's kernels at decode shapes against what they replace (decode_kernels_bench.py)
       timeout 150 python3 benchmarks/decode_kernels_bench.py --out "$OUT/decode_kernels.json" 2>&1 \
         | grep -v -i warn | tail -12 ;;

@@ -22,13 +22,17 @@ def _kernels():
     import triton
     import triton.language as tl
 
+    from agentrl.engine.decoder_kernels import pdl_enter
+
     @triton.jit
     def partial_kernel(Q, K, V, M, Limit, Pos, Acc, Mx, Sm, Out, Cos, Sin,
                        sqb, sqh, sqg, skb, skh, skt, svb, svh, svt, smb, spb, sob, soh, sog, off_k, off_v,
                        G, T, per_split, scale,
                        HAS_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_SPAN: tl.constexpr, DIRECT: tl.constexpr,
                        ROPE: tl.constexpr, IEEE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                       D: tl.constexpr):
+                       D: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            pdl_enter()
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -114,8 +118,10 @@ def _kernels():
 
     @triton.jit
     def combine_kernel(Acc, Mx, Sm, Out, sob, soh, sog, S,
-                       BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
+                       BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
         """One query row (b, h, g): its splits merged at once (no loop over them)."""
+        if PDL:
+            pdl_enter()
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.program_id(2)
@@ -175,7 +181,10 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
     Returns ``[B, H_kv, G, D]`` in ``q``'s dtype."""
     import torch
 
+    from agentrl.engine.decoder_kernels import pdl_launch
+
     partial_kernel, combine_kernel = _kernels()
+    pdl = pdl_launch(q.device)
     block_n = block_n or (FP32_BLOCK_N if q.dtype == torch.float32 else LAUNCH["block_n"])
     num_warps = num_warps or LAUNCH["num_warps"]
     num_stages = num_stages or LAUNCH["num_stages"]
@@ -212,8 +221,8 @@ def decode_attention(q, k, v, mask, scale: float | None = None, limit=None, posi
         g, t, per_split, scale,
         HAS_MASK=mask is not None, HAS_LIMIT=limit is not None, HAS_SPAN=span, DIRECT=direct, ROPE=rope is not None,
         IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_N=block_n, D=d, num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}))
+        num_stages=num_stages, **pdl)
     if not direct:
         combine_kernel[(b, hk, g)](acc, mx, sm, out, out.stride(0), out.stride(1), out.stride(2), splits,
-                                   BLOCK_S=1 << (splits - 1).bit_length(), BLOCK_G=block_g, D=d, num_warps=1)
+                                   BLOCK_S=1 << (splits - 1).bit_length(), BLOCK_G=block_g, D=d, num_warps=1, **pdl)
     return out

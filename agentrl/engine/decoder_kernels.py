@@ -13,17 +13,43 @@ Each replaces several of the kernels transformers' eager modules launch per laye
   a second kernel that merges the splits, draws by inverse CDF with one Philox uniform per row (it reads only the
   split the draw lands in again), writes token and log-prob, and advances the step's inputs (token fed back,
   positions, column, seed) so a captured step needs no other bookkeeping kernel.
+
+On Hopper and later every kernel here (and ``decode_attention``'s) is launched with programmatic dependent launch
+(:func:`pdl_launch`): the GPU starts setting it up while the kernel before it still runs, and its first statement
+waits for that kernel's writes (``gdc_wait``), so nothing it reads or writes is touched early; it then lets the
+next such kernel start setting up in turn. A decode step at 128 rows of a 0.5B model is ~240 kernels of 1-15 us
+each; with PDL it took 1.29-1.30 ms instead of 1.37-1.38 (``benchmarks/results/gpu_engine_2026-12-04c/NOTES.md``).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import triton
 import triton.language as tl
+
+try:  # the griddepcontrol wrappers (in Triton 3.6; releases without them launch plainly)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
+
+PDL = True  # programmatic dependent launch where the GPU has it (a switch for benchmarks' A/B)
+
+
+@triton.jit
+def pdl_enter():
+    """A PDL-launched kernel's first statement: wait until the kernel before it finished (its writes visible),
+    then let the next kernel be set up."""
+    gdc_wait()
+    gdc_launch_dependents()
 
 
 @triton.jit
 def add_rms_norm_kernel(X, R, W, Out, ResOut, sx, sr, so, sro, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        pdl_enter()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < N
@@ -43,7 +69,9 @@ def add_rms_norm_kernel(X, R, W, Out, ResOut, sx, sr, so, sro, N, eps,
 def rope_scatter_kernel(QKV, sqkv, Pos, Cos, Sin, QOut, sqo, KOut, sko,
                         KC, VC, skb, skh, skt, svb, svh, svt, Row, Col,
                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                        DECODE: tl.constexpr, WRITE_K: tl.constexpr):
+                        DECODE: tl.constexpr, WRITE_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        pdl_enter()
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = D // 2
     d = tl.arange(0, D)
@@ -80,7 +108,9 @@ def rope_scatter_kernel(QKV, sqkv, Pos, Cos, Sin, QOut, sqo, KOut, sko,
     tl.store(VC + row * svb + vh[:, None] * svh + col * svt + d[None, :], v, mask=is_v[:, None])
 
 @triton.jit
-def silu_mul_kernel(GU, sgu, Out, so, inner, BLOCK: tl.constexpr):
+def silu_mul_kernel(GU, sgu, Out, so, inner, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        pdl_enter()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < inner
@@ -90,10 +120,12 @@ def silu_mul_kernel(GU, sgu, Out, so, inner, BLOCK: tl.constexpr):
     tl.store(Out + row * so + cols, (act * u).to(Out.dtype.element_ty), mask=inside)
 
 @triton.jit
-def sample_partial_kernel(Logits, sl, Temps, PartF, PartI, V, per_split, QUARTER: tl.constexpr):
+def sample_partial_kernel(Logits, sl, Temps, PartF, PartI, V, per_split, QUARTER: tl.constexpr, PDL: tl.constexpr):
     """One (row, split): every lane keeps its own running logsumexp and argmax over the columns it visits (no
     cross-lane reduction inside the loop); the lanes are reduced once at the end. One exp per entry, no
     random numbers: the draw reads only the one split it lands in (``sample_combine_kernel``)."""
+    if PDL:
+        pdl_enter()
     b = tl.program_id(0)
     s = tl.program_id(1)
     ns = tl.num_programs(1)
@@ -134,11 +166,13 @@ def sample_partial_kernel(Logits, sl, Temps, PartF, PartI, V, per_split, QUARTER
 
 @triton.jit
 def sample_combine_kernel(PartF, PartI, S, Logits, sl, Temps, V, per_split, Greedy, Out, so, Ids, Pos, Column, Seed,
-                          ADVANCE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr):
+                          ADVANCE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One row: the logsumexp and argmax from the splits' partials, then an inverse-CDF draw with one uniform:
     the split whose cumulative weight passes ``u * total``, and inside it (one pass over its columns) the first
     column whose cumulative weight does. Rounding between the two sums can leave the target past the split's
     last column by ~1e-7 of the total: the draw then takes the split's last column of nonzero weight."""
+    if PDL:
+        pdl_enter()
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
     valid = offs < S
@@ -189,6 +223,23 @@ def sample_combine_kernel(PartF, PartI, S, Logits, sl, Temps, V, per_split, Gree
             tl.store(Seed, tl.load(Seed) + 1)
 
 
+@functools.cache
+def _pdl_capable(index: int) -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] >= 9 and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def pdl_launch(device) -> dict:
+    """The launch arguments of a kernel with a ``PDL`` constexpr on ``device``: programmatic dependent launch on
+    CUDA devices of compute capability 9 (Hopper) and later while :data:`PDL` is on, else a plain launch."""
+    import torch
+
+    on = PDL and gdc_wait is not None and device.type == "cuda" and _pdl_capable(
+        device.index if device.index is not None else torch.cuda.current_device())
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def _pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
@@ -205,7 +256,7 @@ def add_rms_norm(x, residual, weight, eps: float):
     block = _pow2(n)
     add_rms_norm_kernel[(m,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0),
                                      res_out.stride(0), n, eps, HAS_RES=residual is not None, BLOCK=block,
-                                     num_warps=4 if block <= 2048 else 8)
+                                     num_warps=4 if block <= 2048 else 8, **pdl_launch(x.device))
     return out, res_out
 
 
@@ -228,7 +279,7 @@ def rope_scatter(qkv, positions, cos, sin, heads: int, kv_heads: int, dim: int,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         rows if not decode else positions, column if decode else columns,
         HQ=heads, HKV=kv_heads, D=dim, BLOCK_H=_pow2(heads + kv_heads), DECODE=decode, WRITE_K=k_out is not None,
-        num_warps=4)
+        num_warps=4, **pdl_launch(qkv.device))
     return q_out
 
 
@@ -241,7 +292,7 @@ def silu_mul(gate_up):
     out = torch.empty((m, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     silu_mul_kernel[(m, -(-i // block))](gate_up, gate_up.stride(0), out, out.stride(0), i, BLOCK=block,
-                                               num_warps=4)
+                                               num_warps=4, **pdl_launch(gate_up.device))
     return out
 
 
@@ -278,10 +329,11 @@ def sample(logits, temps, greedy, seed, out, ids=None, positions=None, column=No
     splits = -(-v // per_split)
     part_f = torch.empty((b, splits, 3), dtype=torch.float32, device=logits.device)
     part_i = torch.empty((b, splits), dtype=torch.int32, device=logits.device)
+    pdl = pdl_launch(logits.device)
     sample_partial_kernel[(b, splits)](logits, logits.stride(0), temps, part_f, part_i, v, per_split,
-                                       QUARTER=QUARTER, num_warps=num_warps or SAMPLE_LAUNCH["num_warps"])
+                                       QUARTER=QUARTER, num_warps=num_warps or SAMPLE_LAUNCH["num_warps"], **pdl)
     advance = ids is not None
     sample_combine_kernel[(b,)](part_f, part_i, splits, logits, logits.stride(0), temps, v, per_split, greedy, out,
                                 out.stride(0), ids if advance else out, positions if advance else out,
                                 column if advance else out, seed, ADVANCE=advance, BLOCK_S=max(2, _pow2(splits)),
-                                BLOCK=SCAN_BLOCK, num_warps=4)
+                                BLOCK=SCAN_BLOCK, num_warps=4, **pdl)

@@ -214,6 +214,57 @@ def test_attention_with_the_rotary_embedding_inside_matches_rope_scatter_then_at
 
 
 @cuda
+def test_captured_decode_step_with_programmatic_dependent_launch_matches_plain_launches(tiny_model, monkeypatch):
+    """On Hopper and later the decode step captured in a CUDA graph with every Triton kernel launched by PDL gives
+    bitwise the logits and K/V writes of the same step launched plainly and eagerly: PDL moves when a kernel
+    starts, not what it computes, so a difference is a kernel that read before its predecessor's writes landed."""
+    from agentrl.engine import decoder_kernels
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9")
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.fused_decoder import FusedDecoder
+
+    assert decoder_kernels.pdl_launch(torch.device("cpu")) == {"PDL": False}
+    # the decoder on transformers' own modules (no runner: its compiled ops would count towards dynamo's
+    # recompile limit, shared by the whole test process)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).to("cuda").eval()
+    dec = FusedDecoder(model, context=128)
+    g = torch.Generator("cuda").manual_seed(6)
+    rows, columns = 48, 96
+    layers = len(dec.model.model.layers)
+    keys = [torch.randn((rows, dec.kv_heads, columns, dec.dim), device="cuda", dtype=dec.dtype, generator=g)
+            for _ in range(layers)]
+    values = [torch.randn_like(k) for k in keys]
+    ids = torch.randint(3, 1000, (rows, 1), device="cuda", generator=g)
+    positions = torch.randint(0, 80, (rows, 1), device="cuda", generator=g)
+    column = torch.tensor([80], device="cuda")
+    with torch.inference_mode():
+        monkeypatch.setattr(decoder_kernels, "PDL", False)
+        assert decoder_kernels.pdl_launch(ids.device) == {"PDL": False}
+        want = dec.decode_logits(ids, positions, column, keys, values).clone()
+        want_kv = [t[:, :, 80].clone() for t in keys + values]
+        monkeypatch.setattr(decoder_kernels, "PDL", True)
+        assert decoder_kernels.pdl_launch(ids.device) == {"PDL": True, "launch_pdl": True}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile the PDL kernels outside the capture
+            dec.decode_logits(ids, positions, column, keys, values)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in keys + values:
+            t[:, :, 80] = float("nan")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = dec.decode_logits(ids, positions, column, keys, values)
+        for _ in range(20):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
+            assert all(torch.equal(t[:, :, 80], w) for t, w in zip(keys + values, want_kv, strict=True))
+
+
+@cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_runner_prefill_and_decode_match_transformers(tiny_model, dtype):
     """Through the runner: the fused prefill (bf16: flash attention over packed rows; fp32 keeps transformers')
