@@ -262,6 +262,9 @@ class EpisodePool:
         group.episodes.append(result)
         if len(group.episodes) == group.size:
             self._complete(group)
+        # out of ``running`` now, not in the done callback a loop iteration later: a take that runs before that
+        # callback would count this finished episode as room taken, start nothing, and wait with nothing running
+        self.running.discard(asyncio.current_task())
         self._pump()
         self._changed.set()
 

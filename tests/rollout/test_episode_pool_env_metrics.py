@@ -1,5 +1,6 @@
 """The fully-async episode pool reports the environment's ``rollout_metrics()`` hook in every batch's
-metrics as ``env/<name>``, as the synchronous rollout does, also when the env factory is a wrapper."""
+metrics as ``env/<name>``, as the synchronous rollout does, also when the env factory is a wrapper; and it
+refills itself between back-to-back takes."""
 
 from __future__ import annotations
 
@@ -68,9 +69,12 @@ def renderer() -> ChatRenderer:
     return ChatRenderer(AutoTokenizer.from_pretrained(TOKENIZER_DIR))
 
 
+SETTINGS = PoolSettings(samples_per_prompt=2, prompts_per_batch=2, groups_per_batch=2, concurrency=4,
+                        max_staleness=1, max_new_tokens=64)
+
+
 def _take_rows(renderer: ChatRenderer, env_factory: Any, steps: int) -> list[dict[str, float]]:
-    settings = PoolSettings(samples_per_prompt=2, prompts_per_batch=2, groups_per_batch=2, concurrency=4,
-                            max_staleness=1, max_new_tokens=64)
+    settings = SETTINGS
     engine = RightAnswers(renderer.tokenizer)
 
     async def main() -> list[dict[str, float]]:
@@ -102,3 +106,26 @@ def test_every_batch_carries_the_env_hook_through_a_wrapping_factory(renderer) -
 def test_an_env_without_the_hook_adds_no_env_metrics(renderer) -> None:
     rows = _take_rows(renderer, PlainEnv, steps=1)
     assert not [k for k in rows[0] if k.startswith("env/")]
+
+
+def test_back_to_back_takes_refill_the_pool_when_a_batchs_episodes_end_together(renderer) -> None:
+    """A batch's episodes end within one loop iteration and the next take starts at once (no await between):
+    the pool must count them as ended and start the next batch's episodes, not wait with nothing running. Each
+    pool runs under a 10 s timeout, so a hang fails the test instead of stalling the suite (before the fix, 1 of
+    the first 2 pools of this kind hung)."""
+    engine = RightAnswers(renderer.tokenizer)
+
+    async def main() -> None:
+        for _ in range(20):
+            pool = EpisodePool(env_factory=PlainEnv, renderer=renderer, generate=engine.generate, task_source=Tasks(),
+                               settings=SETTINGS, group_filter=keep_all).start()
+            try:
+                async with asyncio.timeout(10):
+                    for _ in range(3):
+                        groups, _, episodes = await pool.take(0)
+                        assert len(groups) == SETTINGS.groups_per_batch
+                        assert len(episodes) == SETTINGS.groups_per_batch * SETTINGS.samples_per_prompt
+            finally:
+                await pool.close()
+
+    asyncio.run(main())
