@@ -72,11 +72,31 @@ def kernels() -> dict[str, Any]:
         chosen = torch.where(greedy, x.argmax(dim=-1), race.argmax(dim=-1))
         return chosen, logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
 
-    def compiled(fn):
-        return torch.compile(fn, dynamic=True, fullgraph=True)
+    return {"rms_norm": compiled_or_eager(rms_norm), "rope": compiled_or_eager(rope),
+            "silu_mul": compiled_or_eager(silu_mul), "sample": compiled_or_eager(sample)}
 
-    return {"rms_norm": compiled(rms_norm), "rope": compiled(rope), "silu_mul": compiled(silu_mul),
-            "sample": compiled(sample)}
+
+def compiled_or_eager(fn, backend: str = "inductor"):
+    """``fn`` compiled into one graph; called eagerly for inputs that would need a graph past dynamo's
+    recompile limit (``torch._dynamo.config.recompile_limit`` per function per process: several models or
+    dtypes in one process reach it, and with ``fullgraph`` dynamo then raises instead of running eagerly)."""
+    import torch
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    fast = torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)
+    warned = []
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            return fast(*args)
+        except FailOnRecompileLimitHit:
+            if not warned:
+                warned.append(True)
+                logger.warning("fused op %s: dynamo's recompile limit reached; new shapes run eagerly", fn.__name__)
+            return fn(*args)
+
+    return call
 
 
 def _is_rms_norm(module) -> bool:
