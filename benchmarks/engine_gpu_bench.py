@@ -372,14 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         from agentrl.engine import decode_attention
 
         decode_attention.LAUNCH.update(json.loads(args.attention_launch))
-    if args.no_pdl:
+    if args.no_pdl or args.sampler_launch:
         from agentrl.engine import decoder_kernels
 
-        decoder_kernels.PDL = False
-    if args.sampler_launch:
-        from agentrl.engine import decoder_kernels
-
-        decoder_kernels.SAMPLE_LAUNCH.update(json.loads(args.sampler_launch))
+        decoder_kernels.PDL = not args.no_pdl
+        decoder_kernels.SAMPLE_LAUNCH.update(json.loads(args.sampler_launch or "{}"))
     if args.decode_sdpa:
         from torch.nn.attention import SDPBackend
 

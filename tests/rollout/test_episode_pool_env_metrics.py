@@ -74,12 +74,11 @@ SETTINGS = PoolSettings(samples_per_prompt=2, prompts_per_batch=2, groups_per_ba
 
 
 def _take_rows(renderer: ChatRenderer, env_factory: Any, steps: int) -> list[dict[str, float]]:
-    settings = SETTINGS
     engine = RightAnswers(renderer.tokenizer)
 
     async def main() -> list[dict[str, float]]:
         pool = EpisodePool(env_factory=env_factory, renderer=renderer, generate=engine.generate,
-                           task_source=Tasks(), settings=settings, group_filter=keep_all).start()
+                           task_source=Tasks(), settings=SETTINGS, group_filter=keep_all).start()
         try:
             # no weight update here: every batch is for version 0, the version every turn carries
             return [(await pool.take(0))[1] for _ in range(steps)]
@@ -111,8 +110,8 @@ def test_an_env_without_the_hook_adds_no_env_metrics(renderer) -> None:
 def test_back_to_back_takes_refill_the_pool_when_a_batchs_episodes_end_together(renderer) -> None:
     """A batch's episodes end within one loop iteration and the next take starts at once (no await between):
     the pool must count them as ended and start the next batch's episodes, not wait with nothing running. Each
-    pool runs under a 10 s timeout, so a hang fails the test instead of stalling the suite (before the fix, 1 of
-    the first 2 pools of this kind hung)."""
+    pool runs under a 10 s timeout, so a hang fails the test instead of stalling the suite (before the fix it
+    timed out)."""
     engine = RightAnswers(renderer.tokenizer)
 
     async def main() -> None:
