@@ -34,8 +34,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from agentrl.trainer.cpu_shims import cuda_to_cpu
+from agentrl.trainer.threaded_save import threaded_save_strategy
 
 OPTIMIZER_SAVED = "saved"
 OPTIMIZER_NOT_STEPPED = "not_stepped"
@@ -336,8 +338,8 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
 
     ``directory`` appears only once complete (see the module docstring); an earlier checkpoint there is
     replaced, anything else there is a ``FileExistsError``. Collective: every rank calls it; all ranks
-    must see one filesystem. Megatron's writer starts a ``spawn`` multiprocessing manager once per
-    process, which re-imports ``__main__``: a script that saves needs the ``if __name__ == "__main__":``
+    must see one filesystem. Shard files are written by threads (:mod:`agentrl.trainer.threaded_save`), but
+    Megatron's writer still starts a ``spawn`` multiprocessing manager once per process, which re-imports ``__main__``: a script that saves needs the ``if __name__ == "__main__":``
     guard (otherwise Python's bootstrapping RuntimeError).
     """
     from megatron.core import dist_checkpointing
@@ -355,7 +357,10 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
         state["step"] = step
         state["extra_state"] = dict(extra_state or {})
         state["world_size"] = dist.get_world_size()  # RNG states are per rank
-        dist_checkpointing.save(state, str(tmp))
+        try:
+            dist_checkpointing.save(state, str(tmp), sharded_strategy=threaded_save_strategy())
+        except CheckpointException as e:  # a BaseException: it would pass every `except Exception`
+            raise OSError(f"writing checkpoint {path} failed: {e}") from e
     dist.barrier()
     _seal(tmp)
     _on_rank0(_move_into_place, tmp, path)

@@ -154,13 +154,39 @@ def test_a_directory_that_is_no_checkpoint_is_never_replaced(trainer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
+def test_a_save_forks_no_process(trainer, tiny_dir, tmp_path, monkeypatch):
+    """A child forked while another thread (Ray's, a tracker's) holds a lock can wait forever, and the save with it."""
+    def no_fork():
+        raise AssertionError("the checkpoint save forked")
+
+    before = _weights(trainer)
+    monkeypatch.setattr(os, "fork", no_fork)
+    path = trainer.save_checkpoint(tmp_path / "step-1", {"weight_version": 4})
+    monkeypatch.undo()
+    restored = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3))
+    assert restored.load_checkpoint(path) == {"weight_version": 4}
+    assert _unchanged(restored, before)
+
+
+def test_a_shard_write_that_fails_fails_the_save_and_leaves_no_step(trainer, tmp_path, monkeypatch):
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(filesystem_async, "_write_item", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        trainer.save_checkpoint(tmp_path / "step-1", {"weight_version": 5})
+    assert not (tmp_path / "step-1").exists()
+
+
 # ---------------------------------------------------------------------------------------------- kill -9
 
 
 def _start_worker(tiny: Path, root: Path, mode: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    # Its own process group: Megatron's writer processes and manager die with it.
+    # Its own process group: Megatron's spawned manager dies with it.
     return subprocess.Popen([sys.executable, str(HERE / "checkpoint_worker.py"), str(tiny), str(root), mode],
                             env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
