@@ -154,16 +154,15 @@ def test_a_directory_that_is_no_checkpoint_is_never_replaced(trainer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
-def test_a_save_forks_no_process(trainer, tiny_dir, tmp_path, monkeypatch):
+def test_save_and_load_fork_no_process(trainer, tiny_dir, tmp_path, monkeypatch):
     """A child forked while another thread (Ray's, a tracker's) holds a lock can wait forever, and the save with it."""
     def no_fork():
-        raise AssertionError("the checkpoint save forked")
+        raise AssertionError("the checkpoint save or load forked")
 
     before = _weights(trainer)
+    restored = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3))
     monkeypatch.setattr(os, "fork", no_fork)
     path = trainer.save_checkpoint(tmp_path / "step-1", {"weight_version": 4})
-    monkeypatch.undo()
-    restored = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3))
     assert restored.load_checkpoint(path) == {"weight_version": 4}
     assert _unchanged(restored, before)
 
