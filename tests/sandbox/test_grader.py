@@ -148,8 +148,10 @@ def test_hidden_tests_are_on_no_file_and_the_runner_is_read_only(grader):
     assert [f.split(":")[0] for f in v.failures] == ["test_b"]
 
 
-def test_unittest_style_tests(grader):
-    tests = {"test_u.py": "import unittest\nimport solution\n\nclass TestAnswer(unittest.TestCase):\n"
+@pytest.mark.parametrize("imported", ["import unittest", "from unittest import TestCase"])
+def test_unittest_style_tests(grader, imported):
+    base = "unittest.TestCase" if imported == "import unittest" else "TestCase"
+    tests = {"test_u.py": f"{imported}\nimport solution\n\nclass TestAnswer({base}):\n"
                           "    def test_value(self):\n        self.assertEqual(solution.answer(), 42)\n"
                           "    def test_type(self):\n        self.assertIsInstance(solution.answer(), int)\n"}
     assert grader.grade({"solution.py": "def answer():\n    return 42\n"}, tests).passed
