@@ -159,6 +159,29 @@ def test_unittest_style_tests(grader, imported):
     assert not v.passed and v.reason == "2 of 2 tests failed"
 
 
+# A unittest module that passes every test, written by the solution wherever it can write before the test file
+# imports unittest (the runner imports it only then).
+_PLANT_UNITTEST = (
+    "import os, sys\n"
+    "FAKE = ('class TestCase:\\n    def __init__(self, name=None): pass\\n    def run(self, result): result.testsRun = 1\\n'\n"
+    "        'class TestLoader:\\n    def getTestCaseNames(self, cls): return [n for n in dir(cls) if n.startswith(\"test\")]\\n'\n"
+    "        'class TestResult:\\n    failures = errors = []\\n    testsRun = 0\\n    def wasSuccessful(self): return True\\n')\n"
+    "for d in {os.getcwd(), '/tmp', *sys.path}:\n"
+    "    try:\n"
+    "        with open(os.path.join(d or '.', 'unittest.py'), 'w') as f:\n"
+    "            f.write(FAKE)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "def answer():\n    return '42'\n")
+
+
+def test_a_unittest_module_planted_by_the_solution_is_never_imported(grader):
+    tests = {"test_u.py": "import unittest\nimport solution\n\nclass TestAnswer(unittest.TestCase):\n"
+                          "    def test_value(self):\n        self.assertEqual(solution.answer(), 42)\n"}
+    v = grader.grade({"solution.py": _PLANT_UNITTEST}, tests)
+    assert not v.passed and v.reason == "1 of 1 tests failed", (v.reason, v.exec_result)
+
+
 def test_grading_from_an_agent_sandbox_uses_a_fresh_one(backend, pools):
     pool = pools(backend)
     grader = Grader(backend=backend, timeout=20)
