@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -24,15 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 warnings.filterwarnings("ignore")
-
-
-def batch(n: int, seq_len: int, vocab: int) -> list[dict]:
-    rng = random.Random(0)
-    prompt = seq_len // 4
-    return [dict(tokens=[rng.randrange(3, vocab) for _ in range(seq_len)], response_start=prompt,
-                 loss_mask=[1] * (seq_len - prompt), rollout_logprobs=[-1.0] * (seq_len - prompt),
-                 reward=float(i % 2), group_id=i // 4) for i in range(n)]
 
 
 def dir_bytes(path: Path) -> int:
@@ -50,6 +42,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from trainer_bench import synthetic_batch
     from transformers import Qwen2Config
 
     from agentrl.trainer import checkpoint
@@ -61,7 +54,7 @@ def main() -> None:
                       num_key_value_heads=max(1, args.hidden // 512), max_position_embeddings=512,
                       tie_word_embeddings=True)
     trainer = MegatronTrainer(None, TrainerConfig(lr=1e-4, lr_warmup_steps=0), hf_config=cfg)
-    trainer.train_step(batch(8, 64, args.vocab))
+    trainer.train_step(synthetic_batch(8, 64, args.vocab))
     params = sum(p.numel() for p in trainer.gpt.parameters())
     writers = {"threads": checkpoint.threaded_save_strategy, "processes": get_default_save_sharded_strategy}
     root = Path(args.dir or tempfile.mkdtemp(prefix="agentrl-ckpt-bench-"))

@@ -339,8 +339,9 @@ def save_checkpoint(directory: str | Path, model, optimizer, scheduler, *, step:
     ``directory`` appears only once complete (see the module docstring); an earlier checkpoint there is
     replaced, anything else there is a ``FileExistsError``. Collective: every rank calls it; all ranks
     must see one filesystem. Shard files are written by threads (:mod:`agentrl.trainer.threaded_save`), but
-    Megatron's writer still starts a ``spawn`` multiprocessing manager once per process, which re-imports ``__main__``: a script that saves needs the ``if __name__ == "__main__":``
-    guard (otherwise Python's bootstrapping RuntimeError).
+    Megatron's writer still starts a ``spawn`` multiprocessing manager once per process, which re-imports
+    ``__main__``: a script that saves needs the ``if __name__ == "__main__":`` guard (otherwise Python's
+    bootstrapping RuntimeError).
     """
     from megatron.core import dist_checkpointing
 
