@@ -29,6 +29,13 @@ driver's since 2026-12-03. Before, under the timing harness (nice 0, other jobs 
 at nice 0 while agentrl's trainer, rollout actor and engines ran partly at nice 15, so a loaded machine slowed
 agentrl's phase more than TRL's (main job, sync loop, load 6-7: 4.41 s/step before, 3.09 after).
 
+Precision: both sides compute in the config's dtype (float32 for the main job). TRL's ``GRPOConfig`` defaults to
+``bf16=True`` (autocast), which this script did not override until 2026-12-05. On an AVX2-only CPU (AMD EPYC, no
+AVX-512/AMX; ``cpu`` in the JSON) autocast bf16 made the warm model's forward + backward of 128 x 124 tokens take
+11.6-11.8 s against 0.82-0.89 s in float32 (2 threads), and a TRL step 27 s (42 CPU-s) against ~4 s on the machine
+of 2026-12-03. The CPUs of earlier runs were not recorded; a machine with native bf16 hides the cost, one
+without it shows TRL's 53-56 s steps of 2026-11-29/30 below -- likely, not proven, their cause.
+
 What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at
 the same settings; agentrl 8.6-9.3 against 3.35): not a setting -- the script's TRL arguments did not
 change between them (only config plumbing did), and TRL logged the same completion lengths (~70 tokens) and
@@ -239,6 +246,9 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
         learning_rate=cfg.trainer.lr, weight_decay=0.0,  # schedule: megatron_lr_factor
         max_grad_norm=1.0, beta=loss["kl_coef"], epsilon=loss["eps_clip"], epsilon_high=loss["eps_clip_high"],
         loss_type="dapo", scale_rewards="group", gradient_checkpointing=False,  # agentrl: recompute off
+        # GRPOConfig defaults to bf16 autocast; agentrl computes in the config's dtype without autocast. On a CPU
+        # without native bf16 (AVX2 only) autocast made TRL's forward + backward 14x slower (module docstring).
+        bf16=False, fp16=False,
     )
     settings = RolloutSettings(num_engines=r.num_engines, temperature=r.temperature,
                                max_new_tokens=r.max_new_tokens, concurrency=r.concurrency, policy=r.policy)
@@ -279,7 +289,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
             if out_of_time:
                 control.should_training_stop = True
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=cfg.model.dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, megatron_lr_factor(cfg.trainer))
@@ -295,7 +305,8 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
                          "max_tool_calling_iterations": args.max_tool_calling_iterations,
                          "per_device_train_batch_size": per_step, "num_generations": args.num_generations,
                          "beta": args.beta, "epsilon": args.epsilon, "epsilon_high": args.epsilon_high,
-                         "loss_type": args.loss_type, "learning_rate": args.learning_rate}}
+                         "loss_type": args.loss_type, "learning_rate": args.learning_rate,
+                         "dtype": cfg.model.dtype, "bf16_autocast": args.bf16}}
 
 
 def megatron_lr_factor(cfg: Any):
@@ -316,6 +327,15 @@ def megatron_lr_factor(cfg: Any):
 
 
 # ------------------------------------------------------------------------------------------------- report
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU's model and its native bf16 support: what sets a CPU run's speed in each dtype."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name", ""),
+            "flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})}
 
 
 def ratio_bound(agentrl: dict[str, Any], trl: dict[str, Any]) -> float | None:
@@ -383,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "time_ratio_agentrl_over_trl_at_most": ratio_bound(table[0], table[1]),
         "agentrl_curve": agentrl_points, "trl_curve": trl["curve"], "trl_eval_seconds": trl["eval_seconds"],
         "trl_eval_failed_episodes_retried": trl["eval_failed_episodes_retried"],
-        "load_average": load, "cpu_count": os.cpu_count(), "loaded_machine": loaded,
+        "load_average": load, "cpu_count": os.cpu_count(), "cpu": cpu_description(), "loaded_machine": loaded,
         "trl_cpu_s_per_step": trl["cpu_s_per_step"],
         "trl_s_per_step_training_only": (round((table[1]["seconds"] - trl["eval_seconds"]) / table[1]["steps"], 3)
                                          if table[1]["steps"] else None),
