@@ -5,12 +5,19 @@ shard file. A trainer process has threads of its own (Ray's, a tracker's, OpenTe
 while one of them holds a lock it later needs waits forever, and the save waits with it (seen once in CI: a
 save that never returned). Writing the same buckets with the same function from threads forks nothing and
 produces the same files, results and metadata.
+
+Megatron also hands the write results back through a ``multiprocessing`` Manager queue that it starts with
+``spawn`` on the first save: a server process that imports the trainer's main module (~2 s of the first
+checkpoint on 2 cores, inside a run's clock) and outlives the save. The threads share memory, so their
+results go through a plain ``queue.Queue`` and no process is started at all.
 """
 
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -20,6 +27,10 @@ def threaded_save_strategy(thread_count: int = 2):
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     class ThreadedTorchDistSave(TorchDistSaveShardedStrategy):
+        def async_save(self, sharded_state_dict, checkpoint_dir) -> AsyncRequest:
+            with _in_process_results_queue():
+                return super().async_save(sharded_state_dict, checkpoint_dir)
+
         def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret) -> AsyncRequest:
             request = super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret)
             if request.async_fn is None:  # nothing to write on this rank
@@ -28,6 +39,20 @@ def threaded_save_strategy(thread_count: int = 2):
             return request._replace(async_fn=lambda rank, buckets, results: _write_buckets(transforms, buckets, results))
 
     return ThreadedTorchDistSave("torch_dist", 1, thread_count=thread_count)
+
+
+@contextmanager
+def _in_process_results_queue() -> Iterator[None]:
+    """While Megatron plans a save, its writer takes a ``queue.Queue`` for the write results instead of
+    its spawned Manager's queue. Swapped for the call only: Megatron's forking writer still needs its own."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    manager_queue = filesystem_async._get_write_results_queue
+    filesystem_async._get_write_results_queue = queue.Queue
+    try:
+        yield
+    finally:
+        filesystem_async._get_write_results_queue = manager_queue
 
 
 def _write_buckets(transforms: list, buckets: list, results: Any) -> None:

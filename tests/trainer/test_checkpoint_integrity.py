@@ -154,14 +154,21 @@ def test_a_directory_that_is_no_checkpoint_is_never_replaced(trainer, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
-def test_save_and_load_fork_no_process(trainer, tiny_dir, tmp_path, monkeypatch):
-    """A child forked while another thread (Ray's, a tracker's) holds a lock can wait forever, and the save with it."""
-    def no_fork():
-        raise AssertionError("the checkpoint save or load forked")
+def test_save_and_load_start_no_process(trainer, tiny_dir, tmp_path, monkeypatch):
+    """A child forked while another thread (Ray's, a tracker's) holds a lock can wait forever, and the save with
+    it; Megatron's spawned results Manager cost the first save ~2 s and outlived it."""
+    import multiprocessing.util
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the checkpoint save or load started a process")
 
     before = _weights(trainer)
     restored = MegatronTrainer(tiny_dir, TrainerConfig(lr=1e-3))
-    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.setattr(os, "fork", no_child)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", no_child)  # spawn and forkserver start here
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)  # as in a fresh process: nothing cached
     path = trainer.save_checkpoint(tmp_path / "step-1", {"weight_version": 4})
     assert restored.load_checkpoint(path) == {"weight_version": 4}
     assert _unchanged(restored, before)
