@@ -33,13 +33,12 @@ Precision: both sides compute in the config's dtype (float32 for the main job). 
 ``bf16=True`` (autocast), which this script did not override until 2026-12-05. On an AVX2-only CPU (AMD EPYC, no
 AVX-512/AMX; ``cpu`` in the JSON) autocast bf16 made the warm model's forward + backward of 128 x 124 tokens take
 11.6-11.8 s against 0.82-0.89 s in float32 (2 threads), and a TRL step 27 s (42 CPU-s) against ~4 s on the machine
-of 2026-12-03. The CPUs of earlier runs were not recorded; a machine with native bf16 hides the cost, one
-without it shows TRL's 53-56 s steps of 2026-11-29/30 below -- likely, not proven, their cause.
+of 2026-12-03. The CPUs of earlier runs were not recorded, so which of them lacked native bf16 is unknown.
 
 What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at
-the same settings; agentrl 8.6-9.3 against 3.35): not a setting -- the script's TRL arguments did not
-change between them (only config plumbing did), and TRL logged the same completion lengths (~70 tokens) and
-tool calls. The two phases run one after the other on a shared 2-core machine, and those runs overlapped
+the same settings; agentrl 8.6-9.3 against 3.35): likely bf16 autocast on a CPU without native bf16 (above;
+not proven). The script's TRL arguments did not change between those runs and the rerun, and TRL logged the
+same completion lengths (~70 tokens) and tool calls. Load also played a part then: the two phases run one after the other on a shared 2-core machine, and those runs overlapped
 other work (load averages of 15-20 are usual there while helpers run tests): a process pinned to one torch
 thread then gets a small share of a core, and the phase that ran under more load looked slower. The load
 was not recorded then. Now each phase records the load average at its start and end and TRL's own CPU
