@@ -38,8 +38,8 @@ of 2026-12-03. The CPUs of earlier runs were not recorded, so which of them lack
 What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at
 the same settings; agentrl 8.6-9.3 against 3.35): likely bf16 autocast on a CPU without native bf16 (above;
 not proven). The script's TRL arguments did not change between those runs and the rerun, and TRL logged the
-same completion lengths (~70 tokens) and tool calls. Load also played a part then: the two phases run one after the other on a shared 2-core machine, and those runs overlapped
-other work (load averages of 15-20 are usual there while helpers run tests): a process pinned to one torch
+same completion lengths (~70 tokens) and tool calls. Load also played a part then: the two phases run one
+after the other on a shared 2-core machine, and those runs overlapped other work (load averages of 15-20 are usual there while helpers run tests): a process pinned to one torch
 thread then gets a small share of a core, and the phase that ran under more load looked slower. The load
 was not recorded then. Now each phase records the load average at its start and end and TRL's own CPU
 seconds per step (``trl_cpu_s_per_step``: wall time far above CPU time means the machine, not TRL, set the
