@@ -35,21 +35,21 @@ AVX-512/AMX; ``cpu`` in the JSON) autocast bf16 made the warm model's forward + 
 11.6-11.8 s against 0.82-0.89 s in float32 (2 threads), and a TRL step 27 s (42 CPU-s) against ~4 s on the machine
 of 2026-12-03. The CPUs of earlier runs were not recorded, so which of them lacked native bf16 is unknown.
 
-What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at
-the same settings; agentrl 8.6-9.3 against 3.35): likely bf16 autocast on a CPU without native bf16 (above;
-not proven). The script's TRL arguments did not change between those runs and the rerun, and TRL logged the
-same completion lengths (~70 tokens) and tool calls. Load also played a part then: the two phases run one
-after the other on a shared 2-core machine, and those runs overlapped other work (load averages of 15-20 are usual there while helpers run tests): a process pinned to one torch
-thread then gets a small share of a core, and the phase that ran under more load looked slower. The load
-was not recorded then. Now each phase records the load average at its start and end and TRL's own CPU
-seconds per step (``trl_cpu_s_per_step``: wall time far above CPU time means the machine, not TRL, set the
-pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed. Seen again
-on 2026-12-02 with other helpers' niced jobs keeping the load at 5-9: within one 1.5-minute agentrl run under
+What made the stored 2026-11-29/30 TRL runs slow (53-56 s/step against 3.70 s/step on a quiet rerun at the same
+settings; agentrl 8.6-9.3 against 3.35): likely bf16 autocast on a CPU without native bf16 (above; not proven). The
+script's TRL arguments did not change between those runs and the rerun, and TRL logged the same completion lengths
+(~70 tokens) and tool calls. Load also played a part then: the two phases run one after the other on a shared
+2-core machine, and those runs overlapped other work (load averages of 15-20 are usual there while helpers run
+tests): a process pinned to one torch thread then gets a small share of a core, and the phase that ran under more
+load looked slower. The load was not recorded then. Now each phase records the load average at its start and end
+and TRL's own CPU seconds per step (``trl_cpu_s_per_step``: wall time far above CPU time means the machine, not
+TRL, set the pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed. Seen
+again on 2026-12-02 with other helpers' niced jobs keeping the load at 5-9: within one 1.5-minute agentrl run under
 the machine-wide timing lock (nice 0 against niced neighbours), identical 128-episode rollouts took 1.4-3.3 s
 (benchmarks/results/main_job_step_profile.md); the stored vs_trl.json run (load 8-11 through the agentrl phase,
-7-11 through TRL's) measured agentrl at 5.10 s/step (3.35 on the quiet rerun) and TRL with two threads at
-4.95. Under such load TRL's one compute-bound process keeps both cores busy (7.5 CPU-s per 4.95 s step),
-while agentrl's engines, rollout actor and trainer hand work to each other and used ~1.3 of the 2 cores.
+7-11 through TRL's) measured agentrl at 5.10 s/step (3.35 on the quiet rerun) and TRL with two threads at 4.95.
+Under such load TRL's one compute-bound process keeps both cores busy (7.5 CPU-s per 4.95 s step), while agentrl's
+engines, rollout actor and trainer hand work to each other and used ~1.3 of the 2 cores.
 
 Threads: agentrl's CPU trainer rank of a ``sync`` run uses the machine's cores while it trains (the engines
 wait then; :func:`agentrl.run.actors.training_cpu_threads`), so TRL's single process (generation and
