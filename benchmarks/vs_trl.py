@@ -46,7 +46,7 @@ and TRL's own CPU seconds per step (``trl_cpu_s_per_step``: wall time far above 
 TRL, set the pace), and a start with the load above the CPU count is flagged (``loaded_machine``) and printed. Seen
 again on 2026-12-02 with other helpers' niced jobs keeping the load at 5-9: within one 1.5-minute agentrl run under
 the machine-wide timing lock (nice 0 against niced neighbours), identical 128-episode rollouts took 1.4-3.3 s
-(benchmarks/results/main_job_step_profile.md); the stored vs_trl.json run (load 8-11 through the agentrl phase,
+(benchmarks/results/main_job_step_profile.md); the vs_trl.json run stored then (load 8-11 through the agentrl phase,
 7-11 through TRL's) measured agentrl at 5.10 s/step (3.35 on the quiet rerun) and TRL with two threads at 4.95.
 Under such load TRL's one compute-bound process keeps both cores busy (7.5 CPU-s per 4.95 s step), while agentrl's
 engines, rollout actor and trainer hand work to each other and used ~1.3 of the 2 cores.
