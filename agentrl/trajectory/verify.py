@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT
 from agentrl.trajectory.records import TurnRecord
@@ -32,17 +33,21 @@ def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> None:
-    """Raise :class:`ProvenanceError` unless ``sample`` is a faithful merge of ``turns``.
+@dataclass(frozen=True)
+class _Replay:
+    """The merge of ``recs`` (the sample's turns, in ``order``) replayed from the records alone."""
 
-    Proves: lengths agree (invariant 3); every token equals the record that introduced it; every
-    trained token is a recorded output token whose full left context equals that turn's prompt plus its
-    earlier outputs, with the sampled log-prob (1); only such tokens are trained (2); each turn is
-    trained at most once (5); provenance, loss mask and log-probs match the replay exactly.
-    """
-    tokens = sample.tokens
-    n = len(tokens)
-    rs = sample.response_start
+    order: list[int]  # session turn index of each merged turn
+    recs: list[TurnRecord]
+    full: list[tuple[int, ...]]  # each turn's prompt + outputs
+    divergences: list[int]  # where turn k leaves the tokens held before it (0 for the first)
+    owner: list[int]  # owner[i] = the last merged turn k with divergence <= i
+    later_min: list[float]  # the smallest divergence of any turn after k (inf for the last)
+
+
+def _check_lengths(sample: Sample) -> None:
+    """Invariant 3: ``response_start``, loss mask, log-probs and provenance cover the tokens they must."""
+    n, rs = len(sample.tokens), sample.response_start
     if type(rs) is not int or not 0 <= rs <= n:
         raise ProvenanceError(f"response_start {rs!r} is outside 0..{n}")
     if len(sample.loss_mask) != n - rs or len(sample.rollout_logprobs) != n - rs:
@@ -53,17 +58,25 @@ def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord
     if len(sample.provenance) != n:
         raise ProvenanceError(f"{len(sample.provenance)} provenance entries for {n} tokens")
 
+
+def _merged_turns(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> tuple[list[int], list[TurnRecord]]:
+    """``metadata["turns"]`` (checked: distinct recorded indices) and their records."""
     order = sample.metadata.get("turns")
     if not isinstance(order, list) or not order or not all(type(t) is int and t >= 0 for t in order):
         raise ProvenanceError(f"metadata['turns'] must be a non-empty list of turn indices, got {order!r}")
     if len(set(order)) != len(order):
         raise ProvenanceError(f"metadata['turns'] repeats a turn: {order}")
     try:
-        recs = [turns[t] for t in order]
+        return order, [turns[t] for t in order]
     except (IndexError, KeyError) as exc:
         raise ProvenanceError(f"metadata['turns'] names a turn that was not recorded: {exc}") from None
 
-    # Replay the merge: divergence of each turn from the tokens held before it.
+
+def _replay(sample: Sample, order: list[int], recs: list[TurnRecord]) -> _Replay:
+    """Replay the merge (each turn's divergence from the tokens held before it) and check its layout:
+    the sample starts at the first prompt's end, no turn leaves the first prompt, and the sample is the
+    last turn's tokens (a prefix of them only when marked truncated)."""
+    n, rs = len(sample.tokens), sample.response_start
     full = [rec.prompt_ids + rec.output_ids for rec in recs]
     divergences = [0] + [_prefix(full[k - 1], recs[k].prompt_ids) for k in range(1, len(recs))]
     first_prompt = len(recs[0].prompt_ids)
@@ -78,67 +91,84 @@ def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord
         raise ProvenanceError(f"{n} tokens but the last turn holds only {len(full[-1])}", len(full[-1]))
     if n < len(full[-1]) and not sample.metadata.get("truncated"):
         raise ProvenanceError("sample is shorter than its last turn but metadata['truncated'] is not set", n)
-
-    owner = [0] * n  # owner[i] = last merged turn k with divergence <= i
+    owner = [0] * n
     for k in range(1, len(recs)):
         owner[divergences[k] : n] = [k] * max(0, n - divergences[k])
     later_min = [math.inf] * len(recs)
     for k in range(len(recs) - 2, -1, -1):
         later_min[k] = min(later_min[k + 1], divergences[k + 1])
+    return _Replay(order, recs, full, divergences, owner, later_min)
 
-    trained_turns: set[int] = set()
-    for i, (token, prov) in enumerate(zip(tokens, sample.provenance, strict=True)):
-        k = owner[i]
-        rec = recs[k]
-        prompt_len = len(rec.prompt_ids)
-        if i < rs:
-            source = PROMPT
-        elif i >= prompt_len:
-            source = MODEL
-        elif k > 0 and i < len(full[k - 1]):
-            source = REALIGNED_PROMPT
-        else:
-            source = CONTEXT
-        expected_wv = rec.weight_version if source == MODEL else None
-        if type(token) is not int or token != full[k][i]:
-            raise ProvenanceError(
-                f"id {token!r} but turn {order[k]} recorded {full[k][i]} here ({source})", i
-            )
-        if tuple(prov) != (source, order[k], expected_wv):
-            raise ProvenanceError(
-                f"provenance {tuple(prov)} but the replay gives {(source, order[k], expected_wv)}", i
-            )
-        if i < rs:
-            continue
-        output_len = len(rec.output_ids)
-        trained = source == MODEL and not (prompt_len < later_min[k] < prompt_len + output_len)
-        mask = sample.loss_mask[i - rs]
-        if type(mask) is not int or mask != int(trained):
-            raise ProvenanceError(
-                f"loss mask {mask!r} but a {source} token of turn {order[k]} must have {int(trained)}", i
-            )
-        expected_lp = rec.output_logprobs[i - prompt_len] if trained and rec.output_logprobs else 0.0
-        if sample.rollout_logprobs[i - rs] != expected_lp:
-            raise ProvenanceError(
-                f"rollout log-prob {sample.rollout_logprobs[i - rs]!r} but turn {order[k]} sampled it with {expected_lp!r}",
-                i,
-            )
-        if trained:
-            trained_turns.add(k)
 
-    # Invariant 1 stated directly: a trained turn's whole left context is what the engine saw.
-    for k in sorted(trained_turns):
-        rec = recs[k]
-        prompt_len = len(rec.prompt_ids)
-        if tuple(tokens[:prompt_len]) != rec.prompt_ids:
-            bad = _prefix(tokens, rec.prompt_ids)
-            raise ProvenanceError(
-                f"turn {order[k]} is trained but the sample differs from its prompt here", bad
-            )
-        end = min(n, prompt_len + len(rec.output_ids))
-        if tuple(tokens[prompt_len:end]) != rec.output_ids[: end - prompt_len]:
-            bad = prompt_len + _prefix(tokens[prompt_len:end], rec.output_ids)
-            raise ProvenanceError(f"turn {order[k]} is trained but its outputs differ here", bad)
+def _source(replay: _Replay, i: int, response_start: int) -> str:
+    """Which provenance source the replay gives token ``i``."""
+    k = replay.owner[i]
+    if i < response_start:
+        return PROMPT
+    if i >= len(replay.recs[k].prompt_ids):
+        return MODEL
+    if k > 0 and i < len(replay.full[k - 1]):
+        return REALIGNED_PROMPT
+    return CONTEXT
+
+
+def _check_token(sample: Sample, replay: _Replay, i: int) -> bool:
+    """Check token ``i``'s id, provenance, loss-mask bit and log-prob against the replay; whether it is
+    trained (invariants 1 and 2)."""
+    rs = sample.response_start
+    k = replay.owner[i]
+    rec, turn = replay.recs[k], replay.order[k]
+    token, prov = sample.tokens[i], sample.provenance[i]
+    source = _source(replay, i, rs)
+    expected_wv = rec.weight_version if source == MODEL else None
+    if type(token) is not int or token != replay.full[k][i]:
+        raise ProvenanceError(f"id {token!r} but turn {turn} recorded {replay.full[k][i]} here ({source})", i)
+    if tuple(prov) != (source, turn, expected_wv):
+        raise ProvenanceError(f"provenance {tuple(prov)} but the replay gives {(source, turn, expected_wv)}", i)
+    if i < rs:
+        return False
+    prompt_len = len(rec.prompt_ids)
+    # A later turn that diverges inside this turn's outputs takes them over: they are context there.
+    trained = source == MODEL and not (prompt_len < replay.later_min[k] < prompt_len + len(rec.output_ids))
+    mask = sample.loss_mask[i - rs]
+    if type(mask) is not int or mask != int(trained):
+        raise ProvenanceError(f"loss mask {mask!r} but a {source} token of turn {turn} must have {int(trained)}", i)
+    expected_lp = rec.output_logprobs[i - prompt_len] if trained and rec.output_logprobs else 0.0
+    if sample.rollout_logprobs[i - rs] != expected_lp:
+        raise ProvenanceError(
+            f"rollout log-prob {sample.rollout_logprobs[i - rs]!r} but turn {turn} sampled it with {expected_lp!r}", i
+        )
+    return trained
+
+
+def _check_trained_context(sample: Sample, replay: _Replay, k: int) -> None:
+    """Invariant 1 stated directly: trained turn ``k``'s whole left context is what the engine saw."""
+    tokens, n = sample.tokens, len(sample.tokens)
+    rec, turn = replay.recs[k], replay.order[k]
+    prompt_len = len(rec.prompt_ids)
+    if tuple(tokens[:prompt_len]) != rec.prompt_ids:
+        raise ProvenanceError(f"turn {turn} is trained but the sample differs from its prompt here",
+                              _prefix(tokens, rec.prompt_ids))
+    end = min(n, prompt_len + len(rec.output_ids))
+    if tuple(tokens[prompt_len:end]) != rec.output_ids[: end - prompt_len]:
+        bad = prompt_len + _prefix(tokens[prompt_len:end], rec.output_ids)
+        raise ProvenanceError(f"turn {turn} is trained but its outputs differ here", bad)
+
+
+def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> None:
+    """Raise :class:`ProvenanceError` unless ``sample`` is a faithful merge of ``turns``.
+
+    Proves: lengths agree (invariant 3); every token equals the record that introduced it; every
+    trained token is a recorded output token whose full left context equals that turn's prompt plus its
+    earlier outputs, with the sampled log-prob (1); only such tokens are trained (2); each turn is
+    trained at most once (5); provenance, loss mask and log-probs match the replay exactly.
+    """
+    _check_lengths(sample)
+    order, recs = _merged_turns(sample, turns)
+    replay = _replay(sample, order, recs)
+    trained = {replay.owner[i] for i in range(len(sample.tokens)) if _check_token(sample, replay, i)}
+    for k in sorted(trained):
+        _check_trained_context(sample, replay, k)
 
 
 def trained_turns(sample: Sample) -> set[int]:
