@@ -170,95 +170,151 @@ async def run_episode(
     (:class:`TurnAbortedError`); malformed tool calls never do.
     """
     manager = trajectory_manager if trajectory_manager is not None else TrajectoryManager()
-    mode = check_prompt_mode(prompt_mode if prompt_mode is not None else env.prompt_mode)
-    fmt = choose_tool_format(tool_format if tool_format is not None else env.tool_format, renderer.tokenizer)
-    thinking = renderer.reasoning_parser()
-    metrics = EpisodeMetrics()
-    started = time.perf_counter()
-    finish: Counter[str] = Counter()
-    drift: Counter[str] = Counter()
     limits = [x for x in (max_context_tokens, env.max_context_tokens) if x]
-    context = min(limits) if limits else None
+    ep = _Episode(
+        env=env, generate=generate, renderer=renderer, manager=manager, session_id=session_id,
+        sampling_params=sampling_params,
+        mode=check_prompt_mode(prompt_mode if prompt_mode is not None else env.prompt_mode),
+        fmt=choose_tool_format(tool_format if tool_format is not None else env.tool_format, renderer.tokenizer),
+        thinking=renderer.reasoning_parser(), context=min(limits) if limits else None,
+    )
+    started = time.perf_counter()
+    messages: list[dict[str, Any]] = []
     try:
         env.task = task
-        messages = list(await maybe_await(env.reset(task)))
+        messages = ep.messages = list(await maybe_await(env.reset(task)))
         env.messages = messages
-        tools = env.tool_schemas()
-        last_finish = None
-        held: list[int] | None = None  # append mode: the last turn's prompt + output, as served
-        reply_closed, new_from = True, 0
-        while True:
-            if env.done:
-                metrics.stop_reason = metrics.stop_reason or StopReason.DONE
-                break
-            if metrics.turns >= env.max_turns:
-                metrics.stop_reason = StopReason.MAX_TURNS
-                break
-            if mode == "append" and held is not None:
-                prompt_ids = held + renderer.render_continuation(messages, new_from, tools, reply_closed=reply_closed)
-            else:
-                prompt_ids = renderer.render(messages, tools).ids
-            if metrics.turns == 0:
-                metrics.prompt_tokens = len(prompt_ids)
-            budget, limit = _token_budget(len(prompt_ids), context, env.max_total_tokens)
-            if budget is not None and budget <= 0:
-                metrics.stop_reason = limit
-                break
-            params = dict(sampling_params or {})
-            if budget is not None:
-                requested = params.get("max_new_tokens")
-                params["max_new_tokens"] = budget if requested is None else min(requested, budget)
-            turn = await generate(prompt_ids, session_id=session_id, sampling_params=params)
-            if turn.finish_reason == "abort":
-                raise TurnAbortedError(f"the engine aborted turn {metrics.turns + 1} of the episode")
-            text = renderer.decode_response(turn.output_ids)
-            parsed = thinking.parse(text, fmt) if thinking else fmt.parse(text)
-            foreign = detect_foreign_calls(parsed.content, fmt) if parsed.content else []
-            # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
-            # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
-            reply = {"role": "assistant", "content": text}
-            # Act before recording so the turn's metadata says whether any of its calls failed.
-            # What the env reads: no reasoning (a <think> block, or a format's own, e.g. gpt-oss's analysis).
-            answer = parsed.content if thinking or parsed.reasoning else text
-            answers, ill_formed = await _act(env, parsed, answer, metrics, fmt=fmt, foreign=foreign, tools=tools)
-            outcome = manager.record_turn(
-                session_id, turn=turn, prompt_messages=list(messages), response_message=reply,
-                metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors),
-                          "foreign_formats": foreign, "ill_formed": ill_formed},
-            )
-            drift[outcome] += 1
-            messages.append(reply)
-            held = [*turn.prompt_ids, *turn.output_ids]
-            reply_closed = bool(turn.output_ids) and turn.output_ids[-1] in renderer.stop_ids
-            new_from = len(messages)
-            metrics.turns += 1
-            metrics.generated_tokens += len(turn.output_ids)
-            last_finish = turn.finish_reason
-            finish[last_finish] += 1
-            messages.extend(answers)
-        # NaN or inf would poison every weight it reaches: the episode fails (no Sample), even with no turn.
-        reward, metrics.reward_components = combine_reward(await maybe_await(env.reward()), env.reward_weights)
-        metrics.reward = reward
-        if metrics.stop_reason == StopReason.NO_TOOL_CALL and last_finish == "length":
-            metrics.stop_reason = StopReason.LENGTH  # the final reply was cut off, not finished
-        samples = [] if metrics.turns == 0 else manager.get_trajectory(  # zero turns: nothing to train
-            session_id, reward=reward, group_id=group_id or session_id, stop_reason=metrics.stop_reason,
-            extra_metadata={"episode_turns": metrics.turns, "tool_calls": metrics.tool_calls,
-                            "ill_formed_turns": metrics.ill_formed_turns,
-                            "reward_components": metrics.reward_components},
-        )
-        metrics.samples = len(samples)
+        ep.tools = env.tool_schemas()
+        await _play_turns(ep)
+        samples = await _finish(ep, group_id=group_id or session_id)
     except BaseException:
         if manager.has_session(session_id):
             manager.drop_session(session_id)
         raise
     finally:
-        metrics.finish_reasons = dict(finish)
-        metrics.drift = dict(drift)
-        metrics.seconds = time.perf_counter() - started
+        ep.metrics.finish_reasons = dict(ep.finish)
+        ep.metrics.drift = dict(ep.drift)
+        ep.metrics.seconds = time.perf_counter() - started
         await maybe_await(env.close())
     return EpisodeResult(session_id=session_id, group_id=group_id or session_id, task=task, samples=samples,
-                         metrics=metrics, messages=messages)
+                         metrics=ep.metrics, messages=messages)
+
+
+@dataclass
+class _Episode:
+    """One episode's fixed inputs and the state its turns carry forward."""
+
+    env: Environment
+    generate: Generate
+    renderer: ChatRenderer
+    manager: TrajectoryManager
+    session_id: str
+    sampling_params: dict[str, Any] | None
+    mode: PromptMode
+    fmt: ToolCallFormat
+    thinking: Any  # the chat template's reasoning parser, or None
+    context: int | None  # the binding context length (engine's or env's)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    metrics: EpisodeMetrics = field(default_factory=EpisodeMetrics)
+    finish: Counter[str] = field(default_factory=Counter)
+    drift: Counter[str] = field(default_factory=Counter)
+    held: list[int] | None = None  # append mode: the last turn's prompt + output, as served
+    reply_closed: bool = True  # the last reply ended with a stop token
+    new_from: int = 0  # messages from here on were added after the last turn
+    last_finish: str | None = None
+
+
+def _stop_before_turn(ep: _Episode) -> StopReason | None:
+    """Why no further turn is played (the env is done, or max turns reached), or None."""
+    if ep.env.done:
+        return ep.metrics.stop_reason or StopReason.DONE
+    if ep.metrics.turns >= ep.env.max_turns:
+        return StopReason.MAX_TURNS
+    return None
+
+
+def _next_prompt(ep: _Episode) -> list[int]:
+    """The next turn's prompt: the whole chat rendered, or in append mode the held tokens plus the
+    rendering of only the messages added since."""
+    if ep.mode == "append" and ep.held is not None:
+        return ep.held + ep.renderer.render_continuation(ep.messages, ep.new_from, ep.tools,
+                                                         reply_closed=ep.reply_closed)
+    return ep.renderer.render(ep.messages, ep.tools).ids
+
+
+def _capped_params(sampling_params: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
+    """``sampling_params`` with ``max_new_tokens`` capped at ``budget`` (None: no cap)."""
+    params = dict(sampling_params or {})
+    if budget is not None:
+        requested = params.get("max_new_tokens")
+        params["max_new_tokens"] = budget if requested is None else min(requested, budget)
+    return params
+
+
+async def _play_turns(ep: _Episode) -> None:
+    """Play turns until the env is done or a limit binds; sets ``ep.metrics.stop_reason`` for a limit."""
+    while (stop := _stop_before_turn(ep)) is None:
+        prompt_ids = _next_prompt(ep)
+        if ep.metrics.turns == 0:
+            ep.metrics.prompt_tokens = len(prompt_ids)
+        budget, limit = _token_budget(len(prompt_ids), ep.context, ep.env.max_total_tokens)
+        if budget is not None and budget <= 0:
+            ep.metrics.stop_reason = limit
+            return
+        turn = await ep.generate(prompt_ids, session_id=ep.session_id,
+                                 sampling_params=_capped_params(ep.sampling_params, budget))
+        if turn.finish_reason == "abort":
+            raise TurnAbortedError(f"the engine aborted turn {ep.metrics.turns + 1} of the episode")
+        await _take_turn(ep, turn)
+    ep.metrics.stop_reason = stop
+
+
+async def _take_turn(ep: _Episode, turn: TurnRecord) -> None:
+    """Parse ``turn``'s reply, run its calls, record the turn and extend the chat with reply and answers."""
+    text = ep.renderer.decode_response(turn.output_ids)
+    parsed = ep.thinking.parse(text, ep.fmt) if ep.thinking else ep.fmt.parse(text)
+    foreign = detect_foreign_calls(parsed.content, ep.fmt) if parsed.content else []
+    # The reply goes into the history exactly as recorded (raw sampled text, no parsed tool_calls
+    # field): the next prompt re-tokenizes it canonically and the message tree finds its producer.
+    reply = {"role": "assistant", "content": text}
+    # Act before recording so the turn's metadata says whether any of its calls failed.
+    # What the env reads: no reasoning (a <think> block, or a format's own, e.g. gpt-oss's analysis).
+    answer = parsed.content if ep.thinking or parsed.reasoning else text
+    answers, ill_formed = await _act(ep.env, parsed, answer, ep.metrics, fmt=ep.fmt, foreign=foreign, tools=ep.tools)
+    outcome = ep.manager.record_turn(
+        ep.session_id, turn=turn, prompt_messages=list(ep.messages), response_message=reply,
+        metadata={"tool_calls": [c.name for c in parsed.calls], "malformed_calls": len(parsed.errors),
+                  "foreign_formats": foreign, "ill_formed": ill_formed},
+    )
+    ep.drift[outcome] += 1
+    ep.messages.append(reply)
+    ep.held = [*turn.prompt_ids, *turn.output_ids]
+    ep.reply_closed = bool(turn.output_ids) and turn.output_ids[-1] in ep.renderer.stop_ids
+    ep.new_from = len(ep.messages)
+    ep.metrics.turns += 1
+    ep.metrics.generated_tokens += len(turn.output_ids)
+    ep.last_finish = turn.finish_reason
+    ep.finish[ep.last_finish] += 1
+    ep.messages.extend(answers)
+
+
+async def _finish(ep: _Episode, *, group_id: str) -> list[Sample]:
+    """Score the episode and build its Samples (none when no turn was played)."""
+    metrics = ep.metrics
+    # NaN or inf would poison every weight it reaches: the episode fails (no Sample), even with no turn.
+    metrics.reward, metrics.reward_components = combine_reward(await maybe_await(ep.env.reward()),
+                                                               ep.env.reward_weights)
+    if metrics.stop_reason == StopReason.NO_TOOL_CALL and ep.last_finish == "length":
+        metrics.stop_reason = StopReason.LENGTH  # the final reply was cut off, not finished
+    samples = [] if metrics.turns == 0 else ep.manager.get_trajectory(  # zero turns: nothing to train
+        ep.session_id, reward=metrics.reward, group_id=group_id, stop_reason=metrics.stop_reason,
+        extra_metadata={"episode_turns": metrics.turns, "tool_calls": metrics.tool_calls,
+                        "ill_formed_turns": metrics.ill_formed_turns,
+                        "reward_components": metrics.reward_components},
+    )
+    metrics.samples = len(samples)
+    return samples
 
 
 async def _act(env: Environment, parsed: ParsedResponse, text: str, metrics: EpisodeMetrics, *,
