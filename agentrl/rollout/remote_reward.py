@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from pydantic import Field
 
 from agentrl.envs.environment import Environment, maybe_await
 from agentrl.settings import Settings
+from agentrl.trajectory.sample import BadRewardError, check_reward
 
 
 class RemoteRewardError(RuntimeError):
@@ -75,8 +75,12 @@ def _reward_of(text: str, url: str) -> float:
         value = json.loads(text)["reward"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise RemoteRewardError(f"{url} answered without a 'reward' number: {text[:200]}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise RemoteRewardError(f"{url} answered a reward that is not a finite number: {value!r}")
+    try:
+        check_reward(value)
+    except BadRewardError as err:
+        raise RemoteRewardError(f"{url} answered a reward that is not a finite number the trainer can use ({err})") from None
     return float(value)
 
 

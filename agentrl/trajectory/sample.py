@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -53,21 +54,49 @@ def sample_status(last_finish_reason: str, *, budget_cut: bool, stop_reason: Sto
     return COMPLETED
 
 
-class NonFiniteRewardError(ValueError):
+# The largest |reward| accepted. The trainer holds rewards in float32 (max 3.4e38) and its group
+# normalisation squares deviations and sums them over the group: (2 * 1e15)**2 * 1e6 samples = 4e36
+# still fits, so no accepted reward can turn into inf or nan there, while any reward scale in use
+# (scores, costs, log-likelihoods) stays far inside it.
+REWARD_LIMIT = 1e15
+
+
+class BadRewardError(ValueError):
+    """A reward the trainer cannot use; the episode carrying it is counted and dropped."""
+
+
+class NonFiniteRewardError(BadRewardError):
     """A reward (or a component of a dict reward) that is NaN or infinite: it would poison every weight."""
 
 
+class RewardOutOfRangeError(BadRewardError):
+    """A finite reward beyond ``REWARD_LIMIT`` (e.g. 1e39, -1e308, 10**400): inf or nan in float32 training."""
+
+
+class NonNumericRewardError(BadRewardError, TypeError):
+    """A reward that is not a real number (a string, None, a complex)."""
+
+
 def check_reward(reward: float | Mapping[str, float]) -> None:
-    """Raise :class:`NonFiniteRewardError` unless ``reward`` (each value of a dict reward) is a finite number."""
+    """Raise a :class:`BadRewardError` unless ``reward`` (each value of a dict reward) is a real number
+    with ``abs(value) <= REWARD_LIMIT``."""
     parts = reward.items() if isinstance(reward, Mapping) else (("", reward),)
     for key, value in parts:
         what = f"reward component {key!r}" if isinstance(reward, Mapping) else "reward"
+        if not isinstance(value, numbers.Real):
+            if not hasattr(type(value), "__float__") or isinstance(value, numbers.Complex):
+                raise NonNumericRewardError(f"{what} must be a number, got {type(value).__name__}")
+            value = float(value)  # a 0-d tensor or array
         try:
             finite = math.isfinite(value)
-        except TypeError:
-            raise TypeError(f"{what} must be a number, got {type(value).__name__}") from None
+        except OverflowError:  # an int too large for a float64 (10**400)
+            raise RewardOutOfRangeError(f"{what} must be within +-{REWARD_LIMIT:g}, got an integer of "
+                                        f"{len(str(abs(value)))} digits") from None
         if not finite:
             raise NonFiniteRewardError(f"{what} must be a finite number, got {value!r}")
+        if abs(value) > REWARD_LIMIT:
+            raise RewardOutOfRangeError(f"{what} must be within +-{REWARD_LIMIT:g} (the trainer computes in "
+                                        f"float32), got {value!r}")
 
 
 _REQUIRED = ("tokens", "response_start", "loss_mask", "rollout_logprobs", "provenance")

@@ -51,6 +51,10 @@ def _app() -> FastAPI:
     async def nan():
         return PlainTextResponse('{"reward": NaN}', media_type="application/json")
 
+    @app.post("/huge")
+    async def huge():  # finite as a float64, inf in the trainer's float32
+        return PlainTextResponse('{"reward": 1e39}', media_type="application/json")
+
     @app.post("/refuse")
     async def refuse():
         return PlainTextResponse("bad episode", status_code=422)
@@ -112,6 +116,7 @@ def test_a_score_comes_back_and_transient_failures_are_retried(server) -> None:
 @pytest.mark.parametrize(("path", "kw", "fragment"), [
     ("/slow", {"timeout_s": 0.3, "retries": 1}, "after 2 attempts"),
     ("/nan", {}, "not a finite number"),
+    ("/huge", {}, "reward must be within"),
     ("/refuse", {"retries": 3}, "refused the episode: HTTP 422"),
     ("/down", {"retries": 1}, "HTTP 500"),
     ("/missing", {}, "refused the episode: HTTP 404"),
