@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
 import json
 import sys
 import threading
@@ -38,17 +37,13 @@ from agentrl.rollout.gateway_openai import (
     ChatCompletionRequest,
     FinishRequest,
     RequestError,
-    completion_body,
-    error_body,
+    check_finish_reward,
     finish_reason,
-    logprobs_content,
     new_call_id,
     new_completion_id,
     normalize_message,
     normalize_messages,
     sampling_params,
-    sse,
-    stream_chunks,
 )
 
 if TYPE_CHECKING:
@@ -333,15 +328,14 @@ class Gateway:
         open episode (training mode) is not consumed: the call is kept as its reward and the run trains
         the samples, so the answer holds none."""
         from agentrl.trajectory import UnknownSessionError
-        from agentrl.trajectory.sample import check_reward
 
+        check_finish_reward(body.reward)
         try:
             json.dumps(body.metadata, allow_nan=False)
         except ValueError:
             raise ValueError("metadata must not hold NaN or infinity (the answer is strict JSON)") from None
         episode = self.episodes.get(session_id)
         if episode is not None:
-            check_reward(body.reward)
             episode.finish = body
             return {"samples": [], "recorded": True}
         if self.episodes_only:
@@ -356,24 +350,20 @@ class Gateway:
 
 def session_id_of(request: ChatCompletionRequest, header: str | None) -> str:
     """The session a request belongs to: the ``X-Session-Id`` header, else the ``user`` field."""
-    session = header or request.user
-    if not session:
-        raise RequestError("no session id: set the request's `user` field (or an X-Session-Id header) to the "
-                           "episode's id; every turn of one episode must carry the same id", param="user",
-                           code="missing_session_id")
-    return session
+    from agentrl.rollout.gateway_routes import session_id_of as session_of
+
+    return session_of(header, request.user)
 
 
 def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None) -> FastAPI:
-    """The FastAPI app: ``/v1/chat/completions``, ``/v1/models`` (also without ``/v1``), ``/sessions/...``,
-    ``/health``."""
-    from fastapi import FastAPI, Header, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+    """The FastAPI app: ``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/models`` (each
+    also without ``/v1``), ``/sessions/...``, ``/agents/<slot>/...``, ``/health``; the handlers are the
+    routers of :mod:`agentrl.rollout.gateway_routes` and the protocol modules."""
+    from fastapi import FastAPI
 
-    from agentrl.rollout.client import GenerateRequestError, GenerateTimeoutError, RolloutClientError
-    from agentrl.trajectory import UnknownSessionError
-    from agentrl.trajectory.sample import NonFiniteRewardError
+    from agentrl.rollout import gateway_routes as routes
+    from agentrl.rollout.gateway_anthropic import MessagesRoutes
+    from agentrl.rollout.gateway_responses import ResponsesRoutes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -385,126 +375,10 @@ def create_app(gateway: Gateway, *, on_shutdown: Callable[[], Any] | None = None
 
     app = FastAPI(title="agentrl gateway", lifespan=lifespan)
     app.state.gateway = gateway
-
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, param=exc.param, code=exc.code), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-            problems.append(f"{where}: {err.get('msg')}")
-        return JSONResponse(error_body("invalid request: " + "; ".join(problems)), status_code=422)
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    @app.get("/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list",
-                "data": [{"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "agentrl"}]}
-
-    @app.middleware("http")
-    async def _require_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        if gateway.api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {gateway.api_key}".encode()):
-                return JSONResponse(error_body("missing or wrong API key (Authorization: Bearer $OPENAI_API_KEY)",
-                                               kind="authentication_error", code="invalid_api_key"), status_code=401)
-        return await call_next(request)
-
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions")  # for clients configured with a base URL without /v1
-    async def chat_completions(body: ChatCompletionRequest,
-                               x_session_id: str | None = Header(default=None)) -> Any:
-        return await _serve(body, session_id_of(body, x_session_id))
-
-    @app.post("/agents/{slot}/v1/chat/completions")
-    @app.post("/agents/{slot}/chat/completions")
-    async def agent_chat_completions(slot: str, body: ChatCompletionRequest) -> Any:
-        """An agent slot's base URL: the session is the slot's open episode, whatever ``user`` says."""
-        return await _serve(body, gateway.session_of_slot(slot))
-
-    @app.get("/agents/{slot}/v1/models")
-    @app.get("/agents/{slot}/models")
-    async def agent_models(slot: str) -> dict[str, Any]:
-        return await models()
-
-    async def _serve(body: ChatCompletionRequest, session_id: str) -> Any:
-        try:
-            done = await gateway.complete(body, session_id)
-        except GenerateRequestError as err:  # the engine refused the request (e.g. too long)
-            return JSONResponse(error_body(f"engine rejected the request: {err.message}"), status_code=400)
-        except GenerateTimeoutError as err:
-            return JSONResponse(error_body(str(err), kind="timeout"), status_code=504)
-        except RolloutClientError as err:  # engines unreachable after retries, or a malformed answer
-            return JSONResponse(error_body(str(err), kind="engine_unavailable"), status_code=503)
-        headers = {"X-Session-Id": session_id, "X-Agentrl-Turn": str(done.turn_index),
-                   "X-Agentrl-Outcome": done.outcome}
-        model = body.model or gateway.model_name
-        prompt_tokens, completion_tokens = len(done.turn.prompt_ids), len(done.turn.output_ids)
-        if body.stream:
-            chunks = stream_chunks(completion_id=done.completion_id, model=model, message=done.message,
-                                   content_pieces=gateway.content_pieces(done), finish=done.finish,
-                                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                   include_usage=body.include_usage)
-
-            async def events():
-                for event in sse(chunks):
-                    yield event
-
-            return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
-        logprobs = None
-        if body.logprobs and done.turn.output_logprobs:
-            logprobs = logprobs_content(gateway.token_texts(done.turn), done.turn.output_logprobs)
-        return JSONResponse(completion_body(completion_id=done.completion_id, model=model, message=done.message,
-                                            finish=done.finish, prompt_tokens=prompt_tokens,
-                                            completion_tokens=completion_tokens, logprobs=logprobs),
-                            headers=headers)
-
-    @app.post("/sessions/{session_id}/finish")
-    async def finish(session_id: str, body: FinishRequest) -> Any:
-        try:
-            return JSONResponse(gateway.finish(session_id, body))
-        except UnknownSessionError:
-            return JSONResponse(error_body(
-                f"unknown session {session_id!r}: no turn was recorded under this id, or it was already "
-                "finished (finish consumes the session)", code="session_not_found"), status_code=404)
-        except NonFiniteRewardError as err:
-            return JSONResponse(error_body(f"{err}; the session is still open, finish it again with a finite "
-                                           "reward", param="reward", code="non_finite_reward"), status_code=400)
-        except (TypeError, ValueError) as err:
-            return JSONResponse(error_body(str(err)), status_code=400)
-
-    @app.post("/agents/{slot}/finish")
-    async def agent_finish(slot: str, body: FinishRequest) -> Any:
-        """The finish call of an agent that knows only its base URL (``$AGENTRL_FINISH_URL``)."""
-        return await finish(gateway.session_of_slot(slot), body)
-
-    @app.get("/sessions")
-    async def sessions() -> dict[str, Any]:
-        manager = gateway.manager
-        return {"sessions": [{"id": s, "turns": manager.turn_count(s)} for s in manager.sessions],
-                "episodes": [{"id": s, "turns": e.turns} for s, e in gateway.episodes.items()],
-                "stats": manager.stats}
-
-    @app.delete("/sessions/{session_id}")
-    async def drop(session_id: str) -> Any:
-        episode = gateway.episodes.get(session_id)
-        if episode is not None:  # the agent gave the episode up: the run drops it when it ends
-            episode.dropped = True
-            return {"dropped": session_id}
-        try:
-            gateway.manager.drop_session(session_id)
-        except UnknownSessionError:
-            return JSONResponse(error_body(f"unknown session {session_id!r}", code="session_not_found"),
-                                status_code=404)
-        return {"dropped": session_id}
-
+    routes.install_error_handlers(app)
+    routes.install_api_key_check(app, gateway.api_key)
+    for group in (routes.HealthRoutes, routes.ChatRoutes, ResponsesRoutes, MessagesRoutes, routes.SessionRoutes):
+        app.include_router(group(gateway).router)
     return app
 
 

@@ -25,15 +25,17 @@ _KEPT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "reason
 
 
 class RequestError(ValueError):
-    """A request the gateway refuses: ``status`` (400 by default), an OpenAI error ``code`` and ``param``."""
+    """A request the gateway refuses: ``status`` (400 by default), an OpenAI error ``code`` and ``param``,
+    and ``kind`` (the error type: ``invalid_request_error``, ``timeout``, ``engine_unavailable``, ...)."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 status: int = 400) -> None:
+                 status: int = 400, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.status = status
+        self.kind = kind
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
@@ -113,6 +115,41 @@ class FinishRequest(BaseModel):
     group_id: str | int | None = None
     metadata: dict[str, Any] | None = None
     return_turns: bool = False  # also return the TurnRecords, so the caller can run agentrl.trajectory.verify
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # the trainer computes advantages in float32
+
+
+class RewardError(ValueError):
+    """A finish reward the trainer cannot use: NaN, infinite, or beyond float32's range."""
+
+
+def check_finish_reward(reward: float | Mapping[str, float]) -> None:
+    """Raise :class:`RewardError` naming the reward unless each value is a number float32 holds.
+
+    Defers to :func:`agentrl.trajectory.sample.check_reward` first; the range check covers what it lets
+    through (``-1e308`` is finite in float64 but ``-inf`` in float32; ``10**400`` overflows any float)."""
+    from agentrl.trajectory.sample import check_reward
+
+    try:
+        check_reward(reward)
+    except OverflowError:
+        pass  # an integer too large for a float: the range check below names it
+    except TypeError:
+        raise
+    except ValueError as err:
+        raise RewardError(str(err)) from None
+    parts = reward.items() if isinstance(reward, Mapping) else (("", reward),)
+    for key, value in parts:
+        what = f"reward component {key!r}" if isinstance(reward, Mapping) else "reward"
+        try:
+            magnitude = abs(float(value))
+        except OverflowError:
+            magnitude = float("inf")
+        if not magnitude <= FLOAT32_MAX:  # also NaN
+            shown = repr(value) if isinstance(value, float) else f"an integer of {int(value).bit_length()} bits"
+            raise RewardError(f"{what} must be a finite number within float32's range (|r| <= {FLOAT32_MAX:.4g}), "
+                              f"got {shown}")
 
 
 # ---- messages -------------------------------------------------------------------------------------
