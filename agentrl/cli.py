@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-weight-sync": ("agentrl.run.check_weight_sync:main", "bitwise check of one weight-sync mode"),
     "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 model + test tokenizer"),
     "dump": ("agentrl.trajectory.dump:main", "print samples aligned with loss mask and provenance"),
+    "view": ("agentrl.view.cli:main", "a run's samples token by token, curves and checkpoints, in the browser"),
 }
 
 

@@ -23,6 +23,7 @@ RANK = {
     "trainer": 5,
     "run": 6,
     "cli": 7,
+    "view": 7,  # the trajectory viewer: reads what a run wrote, beside the command line
 }
 # Same-rank packages that must stay independent of each other.
 FORBIDDEN_SIDEWAYS = {("envs", "sandbox"), ("sandbox", "envs"), ("engine", "models"), ("models", "engine")}
@@ -67,7 +68,7 @@ def test_the_trainer_is_the_megatron_trainer_only() -> None:
 
 
 @pytest.mark.parametrize("module", ["agentrl", "agentrl.trajectory", "agentrl.envs", "agentrl.sandbox", "agentrl.run",
-                                    "agentrl.cli"])
+                                    "agentrl.cli", "agentrl.view.app", "agentrl.view.cli"])
 def test_light_imports_do_not_pull_torch(module: str) -> None:
     code = f"import sys, {module}; heavy = [m for m in ('torch', 'transformers', 'ray', 'docker', 'megatron') if m in sys.modules]; print(heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
