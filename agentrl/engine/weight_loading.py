@@ -38,8 +38,9 @@ xxh3_64 over ``name \\0 dtype \\0 shape \\0 per-tensor digest`` of every paramet
 
 File manifest (:data:`CHECKSUM_MANIFEST`, written by :func:`write_checksum_manifest` next to the weight
 files a sender puts on disk): ``{"algorithm": "xxh3_64", "files": {name: {"bytes": n, "xxh3_64": hex}}}``.
-:func:`read_checkpoint` verifies it, when present, before reading any tensor; a damaged, truncated,
-missing or unlisted weight file is a ``ValueError`` naming the file.
+:func:`read_checkpoint` verifies it before reading any tensor; a damaged, truncated, missing or unlisted
+weight file is a ``ValueError`` naming the file, and so is a directory without a manifest unless the caller
+says it is absent on purpose.
 """
 
 from __future__ import annotations
@@ -379,10 +380,11 @@ def verify_checksum_manifest(directory: str | Path, weight_files: Iterable[Path]
     return True
 
 
-def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
+def read_checkpoint(model_dir: str | Path, *, require_manifest: bool = True) -> dict[str, torch.Tensor]:
     """All tensors of the ``*.safetensors`` (or ``pytorch_model*.bin``) files of an HF model directory,
-    checked against its checksum manifest first when it has one. A missing directory or no weight files
-    is ``FileNotFoundError``; a damaged file ``ValueError`` naming it."""
+    checked against its checksum manifest first. A directory without one is refused (``ValueError``)
+    unless ``require_manifest`` is False (its bytes are then read unchecked). A missing directory or no
+    weight files is ``FileNotFoundError``; a damaged file ``ValueError`` naming it."""
     import torch
 
     path = Path(model_dir)
@@ -391,7 +393,9 @@ def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
     files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
-    verify_checksum_manifest(path, files)
+    if not verify_checksum_manifest(path, files) and require_manifest:
+        raise ValueError(f"{str(path)!r} has no {CHECKSUM_MANIFEST}, so its bytes cannot be checked; write one "
+                         "(write_checksum_manifest) or say it is absent on purpose ('allow_missing_manifest': true)")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:

@@ -357,9 +357,12 @@ class SmgRouter:
         return self.fanout("continue_generation", {})
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None, *,
-                                 flush_cache: bool = True) -> dict[str, Any]:
-        """Every engine loads weights from ``model_path`` (a directory all engines can read)."""
+                                 flush_cache: bool = True, allow_missing_manifest: bool = False) -> dict[str, Any]:
+        """Every engine loads weights from ``model_path`` (a directory all engines can read), checked against
+        its checksum manifest; ``allow_missing_manifest``: a directory without one is loaded unchecked."""
         body: dict[str, Any] = {"model_path": str(model_path), "flush_cache": flush_cache}
+        if allow_missing_manifest:
+            body["allow_missing_manifest"] = True
         if weight_version is not None:
             body["weight_version"] = str(weight_version)
         return self.fanout("update_weights_from_disk", body)

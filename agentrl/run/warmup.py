@@ -190,5 +190,8 @@ def _snapshot(model) -> dict[str, Any]:
 
 
 def _save(model, tokenizer, out: Path) -> None:
+    from agentrl.engine.weight_loading import write_checksum_manifest
+
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    write_checksum_manifest(out, sorted(Path(out).glob("*.safetensors")))  # engines refuse unchecked weights

@@ -223,6 +223,7 @@ def recorded(tmp_path_factory):
     from safetensors.torch import load_file
 
     from agentrl.engine.launch import EngineProcess
+    from agentrl.engine.weight_loading import write_checksum_manifest
     from agentrl.models.tiny import make_tiny_model
     from agentrl.rollout.client import RolloutClient
     from agentrl.rollout.router import SmgRouter
@@ -230,6 +231,7 @@ def recorded(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("conformance")
     model = make_tiny_model(root / "m", seed=0)
+    write_checksum_manifest(model, [model / "model.safetensors"])  # what the engine's disk route requires
     tensors = list(load_file(str(model / "model.safetensors")).items())
     with EngineProcess(model, threads=1) as engine, RecordingProxy(engine.url) as proxy:
         async def generate() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.engine.weight_loading import CHECKSUM_MANIFEST
-from agentrl.weights.disk_sync import save_safetensors
+from agentrl.weights.transports.disk import save_safetensors
 
 
 @pytest.fixture()
@@ -30,12 +30,13 @@ def state(client) -> dict:
     return client.get("/weights_checksum").json()
 
 
-def load(client, path: Path, version: str = "B"):
-    return client.post("/update_weights_from_disk", json={"model_path": str(path), "weight_version": version})
+def load(client, path: Path, version: str = "B", **extra):
+    return client.post("/update_weights_from_disk", json={"model_path": str(path), "weight_version": version, **extra})
 
 
 def reset(client, tiny_model) -> dict:
-    assert load(client, tiny_model, "A").status_code == 200
+    """Model A (an HF directory without a manifest, loaded unchecked on purpose) and its checksum."""
+    assert load(client, tiny_model, "A", allow_missing_manifest=True).status_code == 200
     return state(client)
 
 
@@ -84,7 +85,28 @@ def test_truncated_file_without_manifest_is_a_400_not_a_500(client, tiny_model, 
     shutil.copytree(tiny_model, plain)
     (target,) = shards(plain)
     truncate(target)
-    r = load(client, plain)
+    r = load(client, plain, allow_missing_manifest=True)
     assert r.status_code == 400 and target.name in r.json()["message"], r.text
+    assert state(client) == before
+
+
+def test_flipped_bytes_without_manifest_are_refused_unless_said_on_purpose(client, tiny_model, sent):
+    before = reset(client, tiny_model)
+    (sent / CHECKSUM_MANIFEST).unlink()
+    flip(shards(sent)[-1])  # safetensors alone loads these bytes without a word
+    r = load(client, sent)
+    assert r.status_code == 400 and r.json()["success"] is False, r.text
+    assert CHECKSUM_MANIFEST in r.json()["message"] and "allow_missing_manifest" in r.json()["message"]
+    assert state(client) == before
+    r = load(client, sent, allow_missing_manifest=True)  # the caller's explicit choice: loaded unchecked
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert state(client)["weight_version"] == "B" and state(client)["total"] != before["total"]
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None, [True]])
+def test_a_manifest_flag_that_is_not_a_bool_is_a_400(client, tiny_model, sent, flag):
+    before = reset(client, tiny_model)
+    r = load(client, sent, allow_missing_manifest=flag)
+    assert r.status_code == 400 and "allow_missing_manifest" in r.json()["error"]["message"], r.text
     assert state(client) == before
 

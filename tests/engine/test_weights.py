@@ -40,7 +40,7 @@ def checksum(client) -> dict:
 
 
 def reset(client, tiny_model, version: str = "A") -> None:
-    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model), "weight_version": version})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(tiny_model), "weight_version": version})
     assert r.status_code == 200, r.text
 
 
@@ -60,7 +60,7 @@ def test_checksum_matches_the_checkpoint_bitwise(client, params_a, tiny_model):
 def test_update_from_disk(client, tiny_model, tiny_model_b, params_b, hf_logprobs):
     reset(client, tiny_model)
     client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}})
-    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model_b), "weight_version": "B"})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(tiny_model_b), "weight_version": "B"})
     assert r.status_code == 200 and r.json()["success"]
     assert checksum(client)["total"] == weights_checksum(params_b.items())["total"]
     assert client.get("/model_info").json()["model_path"] == str(tiny_model_b)
@@ -80,11 +80,11 @@ def test_failed_disk_updates_keep_old_weights(client, tiny_model, tmp_path):
 
     reset(client, tiny_model)
     before = checksum(client)
-    r = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope"), "weight_version": "X"})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(tmp_path / "nope"), "weight_version": "X"})
     assert r.status_code == 400 and not r.json()["success"] and "nope" in r.json()["message"]
     assert_unchanged(client, before)
     other_shape = make_tiny_model(tmp_path / "wide", seed=3, intermediate_size=256)
-    r = client.post("/update_weights_from_disk", json={"model_path": str(other_shape), "weight_version": "X"})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(other_shape), "weight_version": "X"})
     assert r.status_code == 400 and "shape mismatch" in r.json()["message"]
     assert_unchanged(client, before)
     assert client.get("/model_info").json()["model_path"] == str(tiny_model)
@@ -170,7 +170,7 @@ def test_release_and_resume_memory(client, tiny_model):
     assert r.status_code == 503 and "resume_memory_occupation" in r.json()["error"]["message"]
     assert client.get("/weights_checksum").status_code == 503
     assert client.get("/health").status_code == 200
-    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model)})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(tiny_model)})
     assert r.status_code == 400 and "released" in r.json()["message"]
     assert client.post("/resume_memory_occupation", json={}).json()["success"]
     assert_unchanged(client, before)
@@ -274,7 +274,7 @@ def test_retract_update_continue_switches_weights_mid_request(client, server, ti
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert client.post("/pause_generation", json={"mode": "retract"}).status_code == 200
-    r = client.post("/update_weights_from_disk", json={"model_path": str(tiny_model_b), "weight_version": "B"})
+    r = client.post("/update_weights_from_disk", json={"allow_missing_manifest": True, "model_path": str(tiny_model_b), "weight_version": "B"})
     assert r.status_code == 200
     client.post("/continue_generation", json={})
     t.join(60)

@@ -115,6 +115,8 @@ def _perturbed_copy(model_dir: Path, out_dir: Path, scale: float = 0.05) -> Path
     import torch
     from safetensors.torch import load_file, save_file
 
+    from agentrl.engine.weight_loading import write_checksum_manifest
+
     shutil.copytree(model_dir, out_dir)
     for f in out_dir.glob("*.safetensors"):
         tensors = load_file(f)
@@ -122,6 +124,7 @@ def _perturbed_copy(model_dir: Path, out_dir: Path, scale: float = 0.05) -> Path
         perturbed = {k: (v + scale * torch.randn(v.shape, generator=gen, dtype=v.dtype)).contiguous()
                      for k, v in tensors.items()}
         save_file(perturbed, f, metadata={"format": "pt"})
+    write_checksum_manifest(out_dir, out_dir.glob("*.safetensors"))  # engines refuse unchecked weights
     return out_dir
 
 
