@@ -32,13 +32,28 @@ def starting_model_dir(run_dir: Path) -> Path:
     raise ExportError(f"{metrics} has no step-0 row naming the starting model dir")
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
-    """Write the policy saved in ``checkpoint`` (``RUN/checkpoints/step-N``) as a HF dir at ``out_dir``."""
+def require_manifest(checkpoint: Path) -> None:
+    """ExportError unless ``checkpoint`` holds its checksum manifest: without it no damaged byte can be
+    found, and an export is a model someone will serve."""
+    from agentrl.trainer.checkpoint import MANIFEST
+
+    if not checkpoint.is_dir():
+        raise ExportError(f"{checkpoint} is not a checkpoint directory")
+    if not (checkpoint / MANIFEST).is_file():
+        raise ExportError(f"{checkpoint} has no {MANIFEST}, so its weights cannot be verified; pass "
+                          "--no-verify to export them unverified")
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, verify: bool = True) -> Path:
+    """Write the policy saved in ``checkpoint`` (``RUN/checkpoints/step-N``) as a HF dir at ``out_dir``;
+    ``verify=False`` exports a checkpoint without its manifest (the load then only warns)."""
     from agentrl.run.config import RunConfig
     from agentrl.trainer.actor import MegatronTrainer
     from agentrl.weights.convert import save_hf_checkpoint
 
     checkpoint = Path(checkpoint)
+    if verify:
+        require_manifest(checkpoint)
     run_dir = checkpoint.resolve().parent.parent
     if not (run_dir / "config.json").exists():
         raise ExportError(f"{checkpoint} is not inside a run directory (no {run_dir / 'config.json'})")
@@ -55,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl export", description=__doc__)
     parser.add_argument("checkpoint", help="RUN_DIR/checkpoints/step-N")
     parser.add_argument("out_dir", help="where the HF model dir is written")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="export a checkpoint that has no checksum manifest (its bytes are not checked)")
     args = parser.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, verify=not args.no_verify)
     except (ValueError, FileNotFoundError) as err:  # ExportError, CheckpointError (corrupt, incomplete)
         print(f"agentrl export: {err}", file=sys.stderr)
         return 2
