@@ -24,9 +24,9 @@ UNTRAINED = "untrained"
 PROVENANCE_CLASSES: dict[str, str] = {
     TRAINED: "model output, trained",
     UNTRAINED: "model output, not trained (a later drift re-rendered it)",
-    PROMPT: "first prompt",
-    CONTEXT: "context: tool results, user turns, template",
-    REALIGNED_PROMPT: "realigned: a later prompt placed where held tokens drifted",
+    PROMPT: "the first prompt",
+    CONTEXT: "tool results, user turns, template tokens",
+    REALIGNED_PROMPT: "a later prompt placed where held tokens drifted",
 }
 TRAINER_LOGPROBS = "trainer_logprobs"  # optional metadata: the trainer's log-prob per response token
 
