@@ -40,7 +40,7 @@ LOOPS = ("sync", "async", "fully_async")
 def overrides(args: argparse.Namespace, loop: str) -> list[str]:
     """The one set of settings every loop runs with; only ``--loop`` differs."""
     return [
-        "--env", "agentrl.envs.latency:LongTailArithmeticEnv", "--loop", loop,
+        "--env", "agentrl.envs.latency:LongTailArithmeticEnv", "--schedule", loop,
         "--cache_dir", str(args.cache_dir), "--steps", "100000", "--max_minutes", str(args.minutes),
         "--max_staleness", str(args.max_staleness), "--partial_rollout", args.partial_rollout,
         "--rollout.num_engines", "1", "--rollout.prompts_per_step", "8", "--rollout.samples_per_prompt", "8",

@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "trl_cpu_s_per_step": trl["cpu_s_per_step"],
         "trl_s_per_step_training_only": (round((table[1]["seconds"] - trl["eval_seconds"]) / table[1]["steps"], 3)
                                          if table[1]["steps"] else None),
-        "agentrl_settings": {"loop": cfg.loop, "old_logprobs": cfg.trainer.old_logprobs,
+        "agentrl_settings": {"schedule": cfg.schedule, "old_logprobs": cfg.trainer.old_logprobs,
                              "importance_weights": cfg.trainer.loss.importance_weights},
         "trl_settings": {**trl["settings"], "torch_threads": args.trl_threads}, "trl_log": trl["log"],
         "trl_differences": ["per-turn cap max_new_tokens (generation_kwargs), whole completion max_new_tokens * max_turns",

@@ -101,11 +101,15 @@ class DataBuffer:
             group_id = group[0].group_id
             if any(s.group_id != group_id for s in group):
                 raise ValueError(f"group mixes group ids: {sorted({str(s.group_id) for s in group})}")
-            self.groups_added += 1
-            if not self._filter(group):
-                self.groups_dropped += 1
-                continue
-            self._groups.setdefault(str(group_id), []).extend(group)
+            if self.keeps(group):
+                self._groups.setdefault(str(group_id), []).extend(group)
+
+    def keeps(self, group: list[Sample]) -> bool:
+        """Whether the group filter keeps ``group``; counted in ``groups_added`` / ``groups_dropped``."""
+        self.groups_added += 1
+        kept = bool(self._filter(group))
+        self.groups_dropped += not kept
+        return kept
 
     def __len__(self) -> int:
         return len(self._groups)

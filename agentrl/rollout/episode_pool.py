@@ -1,27 +1,28 @@
-"""A pool of episodes always in flight, for fully asynchronous training.
+"""The one training rollout: an admission-controlled pool of episodes.
 
-The pool keeps up to ``concurrency`` episodes running, drawing tasks from a task source batch by batch;
-an episode's group (``samples_per_prompt`` episodes of one task) is proved and becomes *ready* when its
-last episode ends. :meth:`EpisodePool.take` hands out the next batch of ready groups while the others
-keep running: weights then change *between turns* of episodes in flight, so one sample may hold turns
-of several weight versions; each turn's version is the one the engine reported for it, and so is each
-of its tokens' (:func:`agentrl.rollout.buffer.trained_token_versions`).
+The pool runs up to ``rollout.concurrency`` episodes at once, each through the per-episode seam
+(:func:`agentrl.envs.loop.run_episode`, or ``rollout.episode_function``); a group (``samples_per_prompt``
+episodes of one task) is proved and becomes *ready* when its last episode ends. Where the schedule waits is
+only a matter of *admission*:
+
+* ``sync`` and ``async``: :meth:`EpisodePool.take` ``(version, batch=t)`` admits batch ``t`` of the task
+  source and returns when all of its groups ended (one-step-off calls it for ``t + 1`` before training
+  ``t``; the schedule waits for it before the weight update, so the batch sees one weight version).
+* ``fully_async``: the pool admits on its own, batch after batch, at most one batch ahead of the trainer;
+  :meth:`take` ``(version)`` hands out the next ready groups while the others keep running. Weights then
+  change *between turns* of episodes in flight, so one sample may hold turns of several weight versions
+  (each turn's version is the engine's report, :func:`agentrl.rollout.buffer.trained_token_versions`); a
+  group with a trained token more than ``max_staleness`` versions behind is dropped or generated again
+  (``stale_groups``); with ``dynamic_sampling`` takes go on until ``prompts_per_step`` groups pass the
+  group filter, looking at most at ``max_oversample`` x that many.
 
 A weight update goes through :meth:`pause` / :meth:`resume`. The pool's :class:`WeightGate` stops new
 turns from starting, then either waits for the turns being generated to finish on the old weights
 (``partial_rollout="continue"``) or has the engines abort them (``"abort"``); an aborted turn is sent
-again, once the gate reopens, on the new weights: its episode keeps its finished turns and is never
-lost. Either way no turn is sampled by two weight versions, and the engines are paused (SGLang's
-``/pause_generation``) while the weights change, so no forward pass sees half an update.
+again, once the gate reopens, on the new weights: its episode keeps its finished turns and is never lost.
 
-:meth:`take` enforces the staleness bound: a group with a trained token more than ``max_staleness``
-versions behind the weights being trained is dropped or generated again (``stale_groups``). With
-``dynamic_sampling`` it keeps taking groups until ``groups_per_batch`` of them pass the group filter
-(DAPO's dynamic sampling), considering at most ``max_oversample`` x ``groups_per_batch`` groups.
-
-Each batch's metrics carry, as ``env/<name>``, what the environment's class-level ``rollout_metrics()``
-hook reports (its own infrastructure since the last call, e.g. sandbox timings), as the synchronous
-rollout's do (:meth:`agentrl.rollout.manager.RolloutManager.rollout`).
+Each batch's metrics (one builder, :meth:`EpisodePool._metrics`) carry, as ``env/<name>``, what the
+environment class's ``rollout_metrics()`` hook reports (its own infrastructure since the last call).
 """
 
 from __future__ import annotations
@@ -35,37 +36,105 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Protocol
 
-from agentrl.rollout.buffer import GroupFilter, group_lag, staleness_metrics
-from agentrl.trajectory import Sample, StopReason, TurnRecord
+from agentrl.rollout.buffer import DataBuffer, group_lag, staleness_metrics
+from agentrl.rollout.settings import RolloutSettings
+from agentrl.trajectory import MODEL, Sample, StopReason, TurnRecord
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class PoolSettings:
-    """How the pool runs (each field is a run setting of the same name, see ``docs/config.md``)."""
+class ScheduleFields(Protocol):
+    """The schedule fields of :class:`agentrl.run.config.RunConfig` the pool reads (documented there)."""
 
-    samples_per_prompt: int
-    prompts_per_batch: int  # tasks read per batch of the task source
-    groups_per_batch: int  # groups handed out by one take
-    concurrency: int  # episodes in flight
+    schedule: str
     max_staleness: int
-    stale_groups: Literal["drop", "regenerate"] = "drop"
-    partial_rollout: Literal["continue", "abort"] = "continue"
-    dynamic_sampling: bool = False
-    max_oversample: float = 2.0
-    temperature: float = 1.0
-    max_new_tokens: int = 48
+    stale_groups: str
+    partial_rollout: str
+    dynamic_sampling: bool
+    max_oversample: float
 
-    def __post_init__(self) -> None:
-        if min(self.samples_per_prompt, self.prompts_per_batch, self.groups_per_batch, self.concurrency) < 1:
-            raise ValueError("samples_per_prompt, prompts_per_batch, groups_per_batch and concurrency must be >= 1")
-        if self.max_staleness < 0 or self.max_oversample < 1:
-            raise ValueError("max_staleness must be >= 0 and max_oversample >= 1")
-        if self.stale_groups not in ("drop", "regenerate") or self.partial_rollout not in ("continue", "abort"):
-            raise ValueError(f"stale_groups {self.stale_groups!r} / partial_rollout {self.partial_rollout!r}")
+
+def unproven_trained_tokens(sample: Sample) -> int:
+    """Trained tokens (loss mask 1) whose provenance is not a model output: must always be 0."""
+    count = 0
+    for run in sample.provenance.runs:
+        if run.source == MODEL:
+            continue
+        lo, hi = max(run.start, sample.response_start), run.end
+        count += sum(sample.loss_mask[lo - sample.response_start : hi - sample.response_start]) if hi > lo else 0
+    return count
+
+
+def example_row(episode: Any) -> dict[str, Any]:
+    """An episode's (first) sample as a dict, with the chat and the episode's stop reason in its metadata."""
+    row = episode.samples[0].to_dict()
+    row["metadata"] = {**row["metadata"], "messages": episode.messages,
+                       "stop_reason": str(episode.metrics.stop_reason) if episode.metrics.stop_reason else None}
+    return row
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """A :class:`~agentrl.envs.loop.RolloutResult` summary as metric names (nested counts flatten to a/b)."""
+    metrics: dict[str, float] = {}
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            prefix = "drift" if key == "drift" else f"rollout/{key}"
+            metrics.update({f"{prefix}/{k}": float(v) for k, v in value.items()})
+        else:
+            metrics[f"rollout/{key}"] = float(value)
+    return metrics
+
+
+class EpisodeRunner:
+    """Plays one episode through the per-episode function; an episode that raises becomes an error
+    result (no samples) instead of cancelling the others. Shared by the pool and greedy evaluation."""
+
+    def __init__(self, env_factory: Callable[[], Any], renderer: Any, generate: Callable[..., Any], *,
+                 trajectories: Any, episode_function: Callable[..., Any] | None = None,
+                 max_context_tokens: int | None = None) -> None:
+        from agentrl.envs.loop import run_episode
+
+        self.env_factory, self.renderer, self.generate = env_factory, renderer, generate
+        self.trajectories, self.max_context_tokens = trajectories, max_context_tokens
+        self.play = episode_function or run_episode
+        self.env_classes: dict[type, None] = {}  # classes of the environments made, in order (an ordered set)
+
+    async def __call__(self, task: Any, session_id: str, group_id: str, sampling: dict[str, Any]) -> Any:
+        from agentrl.envs.loop import EpisodeMetrics, EpisodeResult
+
+        env = None
+        try:
+            env = self.env_factory()
+            self.env_classes.setdefault(type(env))
+            return await self.play(env, task, self.generate, self.renderer, session_id=session_id,
+                                   group_id=group_id, sampling_params=sampling, trajectory_manager=self.trajectories,
+                                   max_context_tokens=self.max_context_tokens)
+        except asyncio.CancelledError:
+            self._drop(session_id)
+            raise
+        except Exception as err:
+            log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
+            self._drop(session_id)
+            metrics = EpisodeMetrics(stop_reason=StopReason.ERROR, error=f"{type(err).__name__}: {err}",
+                                     error_type=type(err).__name__)
+            return EpisodeResult(session_id=session_id, group_id=group_id, task=task, samples=[],
+                                 metrics=metrics, messages=list(getattr(env, "messages", [])))
+
+    def _drop(self, session_id: str) -> None:
+        if self.trajectories.has_session(session_id):  # a custom episode function may not have cleaned up
+            self.trajectories.drop_session(session_id)
+
+    def env_metrics(self) -> dict[str, float]:
+        """``env/<name>`` from each environment class's ``rollout_metrics()`` (since its last call); looked
+        up on the classes made, as ``env_factory`` may be a wrapper with no hooks itself."""
+        out: dict[str, float] = {}
+        for cls in self.env_classes:
+            report = getattr(cls, "rollout_metrics", None)
+            if callable(report):
+                out.update({f"env/{k}": float(v) for k, v in report().items()})
+        return out
 
 
 class WeightGate:
@@ -122,14 +191,16 @@ class _Group:
     group_id: str
     task: Any
     size: int
+    batch: int | None  # the admitted batch (sync, async); None: admitted by the pool itself (fully_async)
     episodes: list[Any] = field(default_factory=list)  # EpisodeResult
     samples: list[Sample] = field(default_factory=list)  # proved
     proof: dict[str, float] = field(default_factory=dict)
+    done: bool = False
 
 
 @dataclass
 class _Batch:
-    """The batch being assembled across :meth:`EpisodePool.take` calls."""
+    """The batch a :meth:`EpisodePool.take` assembles."""
 
     kept: list[_Group] = field(default_factory=list)
     considered: list[_Group] = field(default_factory=list)  # fresh groups looked at (kept or filtered)
@@ -142,63 +213,68 @@ Pauser = Callable[[str], Any]  # engine-side pause(mode) / continue (mode "") â€
 
 
 class EpisodePool:
-    """Episodes of ``env_factory`` on tasks of ``task_source`` (``.train(n, index)``), always in flight.
+    """Episodes of ``env_factory`` on tasks of ``task_source`` (``.train(n, index)``), under ``rollout``
+    (:class:`~agentrl.rollout.settings.RolloutSettings`) and the schedule fields of ``schedule``.
 
     ``generate`` is the rollout client's ``generate_turn``; ``engine_control(mode)`` pauses the engines
     (``mode`` ``"abort"`` or ``"in_place"``) and ``engine_control("")`` continues them (None: no engine
-    call, for tests without engines). ``first_batch``: the task-source index of the first batch read.
-    The ``rollout_metrics`` hook is looked up on the classes of the environments made: ``env_factory``
-    may be a wrapper (the rollout manager's, which applies the run's settings) that has no hooks itself.
+    call, for tests without engines). ``buffer`` applies the group filter and counts what it dropped (its
+    counts are checkpointed). ``first_batch``: the task-source index of the first batch a ``fully_async``
+    pool admits. ``episode_function``: replaces :func:`~agentrl.envs.loop.run_episode` (same signature).
     """
 
     def __init__(self, *, env_factory: Callable[[], Any], renderer: Any, generate: Callable[..., Any],
-                 task_source: Any, settings: PoolSettings, group_filter: GroupFilter, policy: str = "realign",
+                 task_source: Any, rollout: RolloutSettings, schedule: ScheduleFields, buffer: DataBuffer,
                  max_context_tokens: int | None = None, engine_control: Pauser | None = None,
-                 first_batch: int = 0) -> None:
+                 first_batch: int = 0, episode_function: Callable[..., Any] | None = None) -> None:
         from agentrl.rollout.proof import RecordingTrajectoryManager
 
-        self.env_factory, self.renderer, self._client_generate = env_factory, renderer, generate
-        self.task_source, self.settings, self.group_filter = task_source, settings, group_filter
-        self.max_context_tokens = max_context_tokens
+        self.task_source, self.rollout, self.schedule, self.buffer = task_source, rollout, schedule, buffer
+        self.admits_ahead = schedule.schedule == "fully_async"
+        self.client_generate = generate
         self.engine_control = engine_control
         self.next_batch = first_batch
-        self.trajectories = RecordingTrajectoryManager(policy=policy)
+        self.trajectories = RecordingTrajectoryManager(policy=rollout.policy)
+        self.runner = EpisodeRunner(env_factory, renderer, self._generate, trajectories=self.trajectories,
+                                    episode_function=episode_function, max_context_tokens=max_context_tokens)
+        self.sampling = {"temperature": rollout.temperature, "max_new_tokens": rollout.max_new_tokens}
         self.gate = WeightGate()
         self.queue: deque[tuple[_Group, int]] = deque()  # (group, episode index) not yet started
-        self.ready: deque[_Group] = deque()  # proved groups, in completion order
+        self.ready: deque[_Group] = deque()  # proved groups the pool admitted itself, in completion order
         self.running: set[asyncio.Task] = set()
-        self.open_groups = 0  # groups with an episode queued or running
         self._changed = asyncio.Event()
-        self._batch = _Batch()
         self._pool_id = uuid.uuid4().hex[:6]
         self._groups_made = 0
         self.closed = False
         self.counts: Counter[str] = Counter()  # lifetime: episodes_started/ended, turns_aborted/requeued, ...
         self._since_take: Counter[str] = Counter()
         self._clock = (time.monotonic(), 0.0)  # (wall, busy) at the last take
-        self._env_classes: dict[type, None] = {}  # classes of the environments made, in order (an ordered set)
 
-    # -- filling -----------------------------------------------------------------------------------
+    @property
+    def groups_per_batch(self) -> int:
+        return self.rollout.prompts_per_step
 
-    def _new_group(self, task: Any) -> _Group:
+    # -- admission ---------------------------------------------------------------------------------
+
+    def _new_group(self, task: Any, batch: int | None) -> _Group:
         self._groups_made += 1
-        group = _Group(f"{self._pool_id}-g{self._groups_made}", task, self.settings.samples_per_prompt)
-        self.open_groups += 1
-        return group
+        return _Group(f"{self._pool_id}-g{self._groups_made}", task, self.rollout.samples_per_prompt, batch)
 
-    def _read_tasks(self) -> None:
-        for task in self.task_source.train(self.settings.prompts_per_batch, self.next_batch):
-            group = self._new_group(task)
-            self.queue.extend((group, i) for i in range(group.size))
-        self.next_batch += 1
+    def _admit(self, index: int, *, tagged: bool) -> list[_Group]:
+        groups = [self._new_group(task, index if tagged else None)
+                  for task in self.task_source.train(self.rollout.prompts_per_step, index)]
+        self.queue.extend((g, i) for g in groups for i in range(g.size))
+        return groups
 
     def _pump(self) -> None:
-        """Start episodes while there is room; read the next batch of tasks when the queue runs dry.
-        The pool runs at most one batch ahead: it starts no new group while a batch's worth is ready."""
-        s = self.settings
-        while not self.closed and len(self.running) < s.concurrency and len(self.ready) < s.groups_per_batch:
+        """Start episodes while there is room. Fully async, read the next batch of tasks when the queue
+        runs dry, running at most one batch ahead: no new group starts while a batch's worth is ready."""
+        while not self.closed and len(self.running) < self.rollout.concurrency:
             if not self.queue:
-                self._read_tasks()
+                if not self.admits_ahead or len(self.ready) >= self.groups_per_batch:
+                    break
+                self._admit(self.next_batch, tagged=False)
+                self.next_batch += 1
                 if not self.queue:
                     break
             group, index = self.queue.popleft()
@@ -222,7 +298,7 @@ class EpisodePool:
                 self.counts["turns_requeued"] += 1
                 self._since_take["turns_requeued"] += 1
             try:
-                turn = await self._client_generate(input_ids, session_id=session_id, sampling_params=sampling_params)
+                turn = await self.client_generate(input_ids, session_id=session_id, sampling_params=sampling_params)
             finally:
                 self.gate.leave()
             if turn.finish_reason == "abort" and self.gate.epoch != epoch:
@@ -233,31 +309,8 @@ class EpisodePool:
             return turn
 
     async def _episode(self, group: _Group, index: int) -> None:
-        from agentrl.envs.loop import EpisodeMetrics, EpisodeResult, run_episode
-
-        session_id = f"{group.group_id}-{index}"
-        s = self.settings
         self.counts["episodes_started"] += 1
-        env = None
-        try:
-            env = self.env_factory()
-            self._env_classes.setdefault(type(env))
-            result = await run_episode(
-                env, group.task, self._generate, self.renderer, session_id=session_id, group_id=group.group_id,
-                sampling_params={"temperature": s.temperature, "max_new_tokens": s.max_new_tokens},
-                trajectory_manager=self.trajectories, max_context_tokens=self.max_context_tokens)
-        except asyncio.CancelledError:
-            if self.trajectories.has_session(session_id):
-                self.trajectories.drop_session(session_id)
-            raise
-        except Exception as err:
-            log.warning("episode %s failed: %s: %s", session_id, type(err).__name__, err, exc_info=err)
-            if self.trajectories.has_session(session_id):
-                self.trajectories.drop_session(session_id)
-            metrics = EpisodeMetrics(stop_reason=StopReason.ERROR, error=f"{type(err).__name__}: {err}",
-                                     error_type=type(err).__name__)
-            result = EpisodeResult(session_id=session_id, group_id=group.group_id, task=group.task, samples=[],
-                                   metrics=metrics, messages=list(getattr(env, "messages", [])))
+        result = await self.runner(group.task, f"{group.group_id}-{index}", group.group_id, self.sampling)
         self.counts["episodes_ended"] += 1
         group.episodes.append(result)
         if len(group.episodes) == group.size:
@@ -278,69 +331,77 @@ class EpisodePool:
         for message in refusals:
             log.warning("refused an unproven sample: %s", message)
         group.samples = proved[0] if proved else []
-        self.open_groups -= 1
-        self.ready.append(group)
+        group.done = True
+        if group.batch is None:
+            self.ready.append(group)
 
     # -- the trainer's side ------------------------------------------------------------------------
 
-    def _regenerate(self, group: _Group) -> None:
-        fresh = self._new_group(group.task)
-        self.queue.extendleft((fresh, i) for i in reversed(range(fresh.size)))  # next to start
-
-    def _batch_done(self) -> bool:
-        s, b = self.settings, self._batch
-        if not s.dynamic_sampling:
-            return len(b.considered) >= s.groups_per_batch
-        return len(b.kept) >= s.groups_per_batch or len(b.considered) >= math.ceil(s.max_oversample * s.groups_per_batch)
-
-    async def take(self, trainer_version: int) -> tuple[list[list[Sample]], dict[str, float], list[Any]]:
-        """The next batch: groups whose every trained token is at most ``max_staleness`` versions behind
-        ``trainer_version`` (the weights about to be trained), their metrics, and their episodes."""
-        s, b = self.settings, self._batch
-        self._pump()
-        while not self._batch_done():
-            while self.ready and not self._batch_done():
-                group = self.ready.popleft()
-                lag = group_lag(group.samples, trainer_version)
-                if lag is None or lag > s.max_staleness:
-                    b.stale += 1
-                    if s.stale_groups == "regenerate":
-                        b.regenerated += 1
-                        self._regenerate(group)
-                    continue
-                b.considered.append(group)
-                if group.samples and self.group_filter(group.samples):
-                    b.kept.append(group)
-                else:
-                    self.counts["groups_filtered"] += 1
-            if self._batch_done():
-                break
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
             self._pump()
-            if not self.running and not self.ready:
+            if not self.running and not self.ready and not condition():
                 raise RuntimeError("the episode pool has nothing running and nothing ready: is the task source empty?")
             self._changed.clear()
-            if not self.ready:
-                await self._changed.wait()
-        self._batch = _Batch()
+            await self._changed.wait()
+
+    def _keeps(self, group: _Group) -> bool:
+        if group.samples and self.buffer.keeps(group.samples):
+            return True
+        self.counts["groups_filtered"] += 1
+        return False
+
+    async def take(self, trainer_version: int, batch: int | None = None,
+                   ) -> tuple[list[list[Sample]], dict[str, float], list[Any]]:
+        """The next batch for the weights ``trainer_version`` (those about to be trained): the groups worth
+        training, their metrics, and the episodes of every group looked at. ``batch``: admit batch ``batch``
+        of the task source and return all of its groups (sync, async); None: the next ready groups, each at
+        most ``max_staleness`` versions behind (fully_async)."""
+        b = _Batch()
+        if batch is not None:
+            groups = self._admit(batch, tagged=True)
+            await self._until(lambda: all(g.done for g in groups))
+            b.considered = groups
+            b.kept = [g for g in groups if self._keeps(g)]
+        else:
+            await self._take_ready(trainer_version, b)
         self._pump()  # room was made: keep the pool full while the trainer trains
         return [g.samples for g in b.kept], self._metrics(b, trainer_version), [e for g in b.considered for e in g.episodes]
+
+    def _batch_done(self, b: _Batch) -> bool:
+        n, s = self.groups_per_batch, self.schedule
+        if not s.dynamic_sampling:
+            return len(b.considered) >= n
+        return len(b.kept) >= n or len(b.considered) >= math.ceil(s.max_oversample * n)
+
+    async def _take_ready(self, trainer_version: int, b: _Batch) -> None:
+        s = self.schedule
+        while not self._batch_done(b):
+            await self._until(lambda: bool(self.ready))
+            group = self.ready.popleft()
+            lag = group_lag(group.samples, trainer_version)
+            if lag is None or lag > s.max_staleness:
+                b.stale += 1
+                if s.stale_groups == "regenerate":
+                    b.regenerated += 1
+                    fresh = self._new_group(group.task, None)
+                    self.queue.extendleft((fresh, i) for i in reversed(range(fresh.size)))  # next to start
+                continue
+            b.considered.append(group)
+            if self._keeps(group):
+                b.kept.append(group)
 
     def _metrics(self, b: _Batch, trainer_version: int) -> dict[str, float]:
         from agentrl.envs.loop import RolloutResult
 
         result = RolloutResult(groups=[g.episodes for g in b.considered])
-        metrics: dict[str, float] = {}
-        for key, value in result.summary().items():
-            if isinstance(value, dict):
-                prefix = "drift" if key == "drift" else f"rollout/{key}"
-                metrics.update({f"{prefix}/{k}": float(v) for k, v in value.items()})
-            else:
-                metrics[f"rollout/{key}"] = float(value)
+        metrics = summary_metrics(result.summary())
         proof: Counter[str] = Counter()
         for g in b.considered:
             proof.update(g.proof)
         metrics.update({k: float(v) for k, v in proof.items()})
-        metrics.update(staleness_metrics([x for g in b.kept for x in g.samples], trainer_version))
+        kept = [x for g in b.kept for x in g.samples]
+        metrics.update(staleness_metrics(kept, trainer_version))
         wall, busy = time.monotonic(), self.gate.busy_seconds()
         last_wall, last_busy = self._clock
         self._clock = (wall, busy)
@@ -352,34 +413,27 @@ class EpisodePool:
             "rollout/groups_kept": float(len(b.kept)),
             "rollout/stale_groups": float(b.stale),
             "rollout/stale_groups_regenerated": float(b.regenerated),
-            "rollout/oversampled_groups": float(max(0, len(b.considered) - self.settings.groups_per_batch)),
+            "rollout/oversampled_groups": float(max(0, len(b.considered) - self.groups_per_batch)),
             "rollout/turns_aborted": float(self._since_take["turns_aborted"]),
             "rollout/turns_requeued": float(self._since_take["turns_requeued"]),
             "rollout/episodes_in_flight": float(len(self.running)),
             "rollout/groups_ready": float(len(self.ready)),
             "rollout/generate_busy_fraction": (busy - last_busy) / max(wall - last_wall, 1e-9),
             "rollout/groups_filtered": float(len(b.considered) - len(b.kept)),
-            "train/groups_dropped": float(self.counts["groups_filtered"]),  # run total, as the data buffer's
+            "rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, kept))),
+            "rollout/trained_tokens": float(sum(x.trained_tokens for x in kept)),
+            "train/groups_dropped": float(self.buffer.groups_dropped),  # run total (checkpointed)
         })
         self._since_take.clear()
-        metrics.update(self._env_metrics())
+        metrics.update(self.runner.env_metrics())
         return metrics
-
-    def _env_metrics(self) -> dict[str, float]:
-        """``env/<name>`` from each environment class's ``rollout_metrics()`` (since its last call)."""
-        out: dict[str, float] = {}
-        for cls in self._env_classes:
-            report = getattr(cls, "rollout_metrics", None)
-            if callable(report):
-                out.update({f"env/{k}": float(v) for k, v in report().items()})
-        return out
 
     # -- weight updates ----------------------------------------------------------------------------
 
     async def pause(self) -> None:
         """Stop new turns and pause the engines: turns being generated finish on the old weights
         (``continue``) or are aborted, to be sent again after :meth:`resume` (``abort``)."""
-        mode = self.settings.partial_rollout
+        mode = self.schedule.partial_rollout
         await self.gate.close(drain=mode == "continue")
         if self.engine_control is not None:
             await asyncio.to_thread(self.engine_control, "abort" if mode == "abort" else "in_place")

@@ -1,43 +1,26 @@
 """The rollout side of a run: embedded engines behind the smg router, the agent loop, GRPO groups out.
 
-One object owns every process it starts (engines, router) and stops them on :meth:`shutdown`. The agent
-loop is :func:`agentrl.envs.generate_rollout` unless a ``rollout_function`` dotted path replaces it
-(same signature), so users change how episodes run without forking agentrl.
+One object owns every process it starts (engines, router) and stops them on :meth:`shutdown`. Training
+episodes run in an :class:`~agentrl.rollout.episode_pool.EpisodePool` (:meth:`RolloutManager.pool`); each
+episode is :func:`agentrl.envs.loop.run_episode` unless ``rollout.episode_function`` (same signature)
+replaces it, so users change how episodes run without forking agentrl.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrl.engine.auth import run_secret
 from agentrl.envs import Environment, load_function
 from agentrl.rollout.settings import RolloutSettings
-from agentrl.trajectory import Sample
 
 log = logging.getLogger(__name__)
 # A server named in engine_urls runs already: it answers /health at once or is not there.
 EXTERNAL_HEALTH_TIMEOUT_S = 15.0
-
-
-@dataclass
-class RolloutBatch:
-    groups: list[list[Sample]]
-    metrics: dict[str, float] = field(default_factory=dict)
-    # A few whole episodes to show a person: Sample dicts whose metadata carries the chat ("messages").
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _example(episode: Any) -> dict[str, Any]:
-    """An episode's (first) sample as a dict, with the chat and the episode's stop reason in its metadata."""
-    row = episode.samples[0].to_dict()
-    row["metadata"] = {**row["metadata"], "messages": episode.messages,
-                       "stop_reason": str(episode.metrics.stop_reason) if episode.metrics.stop_reason else None}
-    return row
 
 
 class RolloutManager:
@@ -203,54 +186,39 @@ class RolloutManager:
 
     # -- episodes ------------------------------------------------------------------------------
 
-    async def rollout(self, tasks: Sequence[Any], samples_per_task: int, *, temperature: float | None = None,
-                      max_new_tokens: int | None = None, prove: bool = True, examples: int = 0) -> RolloutBatch:
-        """Run ``samples_per_task`` episodes per task; return their GRPO groups and rollout metrics.
+    def episode_function(self) -> Callable[..., Any] | None:
+        """``settings.episode_function`` loaded (None: :func:`~agentrl.envs.loop.run_episode`)."""
+        return load_function(self.settings.episode_function) if self.settings.episode_function else None
 
-        ``prove``: re-prove every sample against its turn records and refuse what does not verify
-        (:mod:`agentrl.rollout.proof`); off only for evaluation, whose samples are never trained.
-        ``examples``: how many episodes (one per group, first groups first) to return whole as well."""
-        from agentrl.envs import generate_rollout
-        from agentrl.rollout.proof import RecordingTrajectoryManager, prove_groups
+    def pool(self, task_source: Any, schedule: Any, buffer: Any, *, first_batch: int = 0,
+             engine_control: Callable[[str], Any] | None = None) -> Any:
+        """An :class:`~agentrl.rollout.episode_pool.EpisodePool` playing through these engines (not started)."""
+        from agentrl.rollout.episode_pool import EpisodePool
 
-        play = load_function(self.settings.rollout_function) if self.settings.rollout_function else generate_rollout
-        sampling = {
-            "temperature": self.settings.temperature if temperature is None else temperature,
-            "max_new_tokens": max_new_tokens or self.settings.max_new_tokens,
-        }
-        manager = RecordingTrajectoryManager(policy=self.settings.policy)
-        started = time.perf_counter()
-        result = await play(
-            self.env_factory, tasks, self.client().generate_turn, self.renderer,
-            n_samples_per_task=samples_per_task, concurrency=self.settings.concurrency,
-            sampling_params=sampling, trajectory_manager=manager, max_context_tokens=self.max_context_tokens,
-        )
-        seconds = time.perf_counter() - started
-        groups = [[s for episode in group for s in episode.samples] for group in result.groups]
-        shown = [next(e for e in group if e.samples) for group in result.groups if any(e.samples for e in group)]
-        example_rows = [_example(episode) for episode in shown[:examples]]
-        metrics: dict[str, float] = {}
-        for key, value in result.summary().items():  # nested counts (drift, stop reasons) flatten to a/b
-            if isinstance(value, dict):
-                prefix = "drift" if key == "drift" else f"rollout/{key}"
-                metrics.update({f"{prefix}/{k}": float(v) for k, v in value.items()})
-            else:
-                metrics[f"rollout/{key}"] = float(value)
-        generated = sum(e.metrics.generated_tokens for e in result.episodes)
-        metrics.update({"rollout/seconds": seconds, "rollout/tokens_per_s": generated / max(seconds, 1e-9)})
-        report = getattr(self.env_source, "rollout_metrics", None)
-        if callable(report):
-            metrics.update({f"env/{k}": float(v) for k, v in report().items()})
-        groups = [g for g in groups if g]
-        if prove:
-            groups, proof, refusals = prove_groups(groups, manager.emitted)
-            metrics.update(proof)
-            for message in refusals:
-                log.warning("refused an unproven sample: %s", message)
-        return RolloutBatch(groups=groups, metrics=metrics, examples=example_rows)
+        return EpisodePool(env_factory=self.env_factory, renderer=self.renderer, generate=self.client().generate_turn,
+                           task_source=task_source, rollout=self.settings, schedule=schedule, buffer=buffer,
+                           max_context_tokens=self.max_context_tokens, engine_control=engine_control,
+                           first_batch=first_batch, episode_function=self.episode_function())
 
     async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
-        """Greedy held-out accuracy: mean reward of one episode per task at temperature 0."""
-        batch = await self.rollout(tasks, 1, temperature=0.0, prove=False)
-        rewards = [g[0].reward for g in batch.groups]
+        """Greedy held-out accuracy: mean reward of one episode per task at temperature 0, played by the
+        pool's episode runner (its samples are never trained, so they are not proved)."""
+        import asyncio
+
+        from agentrl.rollout.episode_pool import EpisodeRunner
+        from agentrl.trajectory import TrajectoryManager
+
+        runner = EpisodeRunner(self.env_factory, self.renderer, self.client().generate_turn,
+                               trajectories=TrajectoryManager(policy=self.settings.policy),
+                               episode_function=self.episode_function(), max_context_tokens=self.max_context_tokens)
+        gate = asyncio.Semaphore(self.settings.concurrency or 1)
+        sampling = {"temperature": 0.0, "max_new_tokens": self.settings.max_new_tokens}
+        eval_id = uuid.uuid4().hex[:8]
+
+        async def one(t: int, task: Any) -> Any:
+            async with gate:
+                return await runner(task, f"eval-{eval_id}-{t}", f"eval-{eval_id}-{t}", sampling)
+
+        episodes = await asyncio.gather(*(one(t, task) for t, task in enumerate(tasks)))
+        rewards = [e.samples[0].reward for e in episodes if e.samples]
         return {"eval_accuracy": sum(rewards) / max(len(tasks), 1), "eval_episodes": float(len(rewards))}

@@ -1,9 +1,9 @@
 """``RolloutSettings``: how episodes are generated (engines, sampling, drift policy, batch shape), the
-``rollout`` section of a run's config and the settings of :class:`~agentrl.rollout.manager.RolloutManager`."""
+``rollout`` section of a run's config and the settings of :class:`~agentrl.rollout.manager.RolloutManager` and the episode pool."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,10 @@ EPISODES_PER_ENGINE = 64
 
 class RolloutSettings(Settings):
     """Engines behind the router, the sampling of every training episode, and the size of a step's batch."""
+
+    moved_keys: ClassVar[dict[str, str]] = {
+        "rollout_function": "the whole-batch rollout_function became the per-episode episode_function "
+                            "(README: Migrating a whole-batch rollout_function)"}
 
     engine: Literal["embedded", "sglang"] = Field(
         "embedded", description="embedded (agentrl.engine, CPU or CUDA) or sglang (real SGLang servers, CUDA)")
@@ -37,7 +41,8 @@ class RolloutSettings(Settings):
     remote_reward: RemoteRewardSettings | None = Field(None, description="an HTTP endpoint scoring each episode")
     restart_dead_engines: bool = Field(False, description="restart an engine that died (it is always removed from the router)")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
-    rollout_function: FunctionPath | None = Field(None, description="module:function replacing the agent loop (same signature)")
+    episode_function: FunctionPath | None = Field(
+        None, description="module:function replacing agentrl.envs.loop:run_episode for every episode (same signature)")
     tool_format: str | None = Field(None, description="tool-call syntax replies are parsed in: a built-in name (hermes, qwen3, llama3_json, ...), "
                                                       "module:attr, or auto (from the chat template); null: the environment's tool_format (default auto)")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict,

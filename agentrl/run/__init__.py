@@ -2,7 +2,7 @@
 
 * :mod:`~agentrl.run.config` - ``RunConfig``, one typed model of every section, ``load_config``;
 * :mod:`~agentrl.run.session` - ``Run``: the verbs generate / train / update_weights / evaluate / save;
-* :mod:`~agentrl.run.loop` - the schedules (``sync``, one-step-off ``async``) and ``train``;
+* :mod:`~agentrl.run.schedules` - the schedules (``sync``, one-step-off ``async``, ``fully_async``) and ``train``;
 * :mod:`~agentrl.run.actors` - the Ray actors (trainer ranks, the rollout worker);
 * :mod:`~agentrl.run.models` - the cached base and warm-up model directories;
 * :mod:`~agentrl.run.warmup` - supervised warm-up on expert chats;

@@ -15,20 +15,13 @@ from typing import Any
 
 from agentrl.plugins import load_function
 from agentrl.rollout.buffer import DataBuffer
+from agentrl.rollout.episode_pool import example_row, unproven_trained_tokens
 from agentrl.rollout.manager import RolloutManager
 from agentrl.rollout.settings import RolloutSettings
-from agentrl.trajectory import MODEL, Sample
+from agentrl.trajectory import Sample
 
-
-def unproven_trained_tokens(sample: Sample) -> int:
-    """Trained tokens (loss mask 1) whose provenance is not a model output: must always be 0."""
-    count = 0
-    for run in sample.provenance.runs:
-        if run.source == MODEL:
-            continue
-        lo, hi = max(run.start, sample.response_start), run.end
-        count += sum(sample.loss_mask[lo - sample.response_start : hi - sample.response_start]) if hi > lo else 0
-    return count
+__all__ = ["RolloutWorker", "TrainerRank", "remote", "start_trainer_group", "training_cpu_threads",
+           "unproven_trained_tokens"]
 
 
 class TrainerRank:
@@ -136,7 +129,7 @@ class RolloutWorker:
 
             self.agents = ext.ACTIVE.pool = ext.ExternalAgents(ext.ExternalAgentSettings.model_validate(external_agent),
                                                                model_dir, log_dir=log_dir, cwd=cwd)
-            settings = {**settings, "rollout_function": ext.ROLLOUT_FUNCTION}
+            settings = {**settings, "episode_function": ext.EPISODE_FUNCTION}
         self.settings = RolloutSettings.model_validate(settings)
         factory = None
         if engine_slots:
@@ -165,33 +158,9 @@ class RolloutWorker:
         return [{"engine": i, "url": e.url, **(e.where() if hasattr(e, "where") else {**local, "gpu_ids": []})}
                 for i, e in enumerate(self.manager.engines)]
 
-    async def rollout(self, tasks: list[Any], examples: int = 0, trainer_version: int | None = None,
-                      ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
-        """Episodes of ``tasks`` into the buffer; returns the groups worth training (flat, whole groups
-        in order), the rollout's metrics and ``examples`` whole episodes to show. Call with
-        ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks.
-        ``trainer_version``: the weight version these samples will be trained on (staleness metrics)."""
-        batch = await self._abandoned_on_shutdown(
-            self.manager.rollout(tasks, self.settings.samples_per_prompt, examples=examples))
-        samples = [s for g in batch.groups for s in g]
-        self.buffer.add_groups(batch.groups)
-        metrics = {**batch.metrics,
-                   "rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, samples))),
-                   "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))}
-        kept = self.buffer.take()
-        metrics["train/groups_dropped"] = float(self.buffer.groups_dropped)
-        if trainer_version is not None:
-            from agentrl.rollout.buffer import staleness_metrics
-
-            metrics.update(staleness_metrics(kept, trainer_version))
-        return kept, metrics, batch.examples
-
-    # -- fully asynchronous rollout (agentrl.run.fully_async): a pool of episodes always in flight ----
-
-    async def start_pool(self, task_source: Any, first_batch: int, settings: dict[str, Any]) -> None:
-        """Start keeping episodes of ``task_source``'s batches (from ``first_batch``) in flight."""
-        from agentrl.rollout.episode_pool import EpisodePool, PoolSettings
-
+    async def start_pool(self, task_source: Any, first_batch: int, schedule: Any) -> None:
+        """Start the episode pool on ``task_source`` under ``schedule`` (the run config: its schedule fields);
+        a ``fully_async`` pool starts admitting batches from ``first_batch`` at once."""
         router = self.manager.router
 
         def engine_control(mode: str) -> None:
@@ -200,24 +169,24 @@ class RolloutWorker:
             else:
                 router.continue_()
 
-        self.pool = EpisodePool(
-            env_factory=self.manager.env_factory, renderer=self.manager.renderer,
-            generate=self.manager.client().generate_turn, task_source=task_source,
-            settings=PoolSettings(**settings), group_filter=self.buffer._filter, policy=self.settings.policy,
-            max_context_tokens=self.manager.max_context_tokens, engine_control=engine_control,
-            first_batch=first_batch).start()
+        self.pool = self.manager.pool(task_source, schedule, self.buffer, first_batch=first_batch,
+                                      engine_control=engine_control).start()
 
-    async def take_batch(self, trainer_version: int, examples: int = 0,
+    async def take_batch(self, trainer_version: int, examples: int = 0, batch: int | None = None,
                          ) -> tuple[list[Sample], dict[str, float], list[dict[str, Any]]]:
-        """The pool's next batch for the weights ``trainer_version`` (as :meth:`rollout`; ``num_returns=3``)."""
-        from agentrl.rollout.manager import _example
-
-        groups, metrics, episodes = await self._abandoned_on_shutdown(self.pool.take(trainer_version))
-        samples = [s for g in groups for s in g]
-        metrics.update({"rollout/unproven_trained_tokens": float(sum(map(unproven_trained_tokens, samples))),
-                        "rollout/trained_tokens": float(sum(s.trained_tokens for s in samples))})
-        shown = [_example(e) for e in episodes if e.samples][:examples]
-        return samples, metrics, shown
+        """The pool's next batch for the weights ``trainer_version`` (``batch``: admit that batch of the task
+        source and wait for all of it, as :meth:`EpisodePool.take`): the samples of the groups worth training
+        (flat, whole groups in order), the metrics and ``examples`` whole episodes to show. Call with
+        ``num_returns=3`` so the samples stay in Ray's object store on their way to the trainer ranks."""
+        groups, metrics, episodes = await self._abandoned_on_shutdown(self.pool.take(trainer_version, batch))
+        if self.agents is not None:
+            self.agents.raise_if_failing()
+            metrics.update(self.agents.metrics())
+        shown: dict[str, Any] = {}  # one episode per group, first groups first
+        for e in episodes:
+            if e.samples:
+                shown.setdefault(str(e.group_id), e)
+        return [s for g in groups for s in g], metrics, [example_row(e) for e in list(shown.values())[:examples]]
 
     async def pause_generation(self) -> None:
         """Before a weight update: no turn runs on the engines until :meth:`continue_generation`."""
@@ -241,7 +210,10 @@ class RolloutWorker:
         self.buffer.load_state_dict(state)
 
     async def evaluate(self, tasks: list[Any]) -> dict[str, float]:
-        return await self._abandoned_on_shutdown(self.manager.evaluate(tasks))
+        result = await self._abandoned_on_shutdown(self.manager.evaluate(tasks))
+        if self.agents is not None:
+            self.agents.metrics()  # the agent counts of a training batch leave evaluation episodes out
+        return result
 
     async def _abandoned_on_shutdown(self, work: Any) -> Any:
         """Await ``work`` as a task that :meth:`shutdown` cancels (its episodes' ``close()`` still run)."""

@@ -73,7 +73,7 @@ def _train(cfg: Any, args: argparse.Namespace) -> int:
         return 0
     from agentrl.run.bookkeeping import RunDirError
     from agentrl.run.data import DataError
-    from agentrl.run.loop import train
+    from agentrl.run.schedules import train
 
     try:
         out = train(cfg, resume=args.resume, overwrite=args.overwrite)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from agentrl.models.tiny import TINY_SHAPE
 from agentrl.plugins import load_function, resolve
@@ -24,9 +24,13 @@ from agentrl.run.placement import RaySettings
 from agentrl.run.warmup import WarmupConfig
 from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.trainer_config import TrainerConfig
+from agentrl.weights.transport import TransportOptions
 
 
 class ModelSection(Settings):
+    moved_keys: ClassVar[dict[str, str]] = {
+        "dtype": "the policy's dtype is set once, as trainer.dtype; the engines serve in it too (a sync copies its bits)"}
+
     path: str | None = Field(None, description="local HF model dir; None builds the tiny test model")
     seed: int = Field(0, description="init seed of the tiny model")
     max_position_embeddings: int = Field(TINY_SHAPE["max_position_embeddings"], ge=16, description="context length of the tiny model")
@@ -35,7 +39,6 @@ class ModelSection(Settings):
     intermediate_size: int = Field(TINY_SHAPE["intermediate_size"], ge=8, description="MLP width of the tiny model")
     num_attention_heads: int = Field(TINY_SHAPE["num_attention_heads"], ge=1, description="attention heads of the tiny model")
     num_key_value_heads: int = Field(TINY_SHAPE["num_key_value_heads"], ge=1, description="key/value heads of the tiny model (divides num_attention_heads)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of engines and trainer")
     tokenizer: FunctionPath | None = Field(
         None, description="tokenizer of the tiny model: a module:function fn(out_dir) that writes a tokenizer "
         "directory (tokenizer.json, tokenizer_config.json, chat template) into out_dir; the vocabulary is "
@@ -68,7 +71,8 @@ class RunConfig(Settings):
     """Everything ``agentrl train`` needs. The defaults run a user's own environment: no expert (so no
     warm-up), no task keyword arguments."""
 
-    moved_keys: ClassVar[dict[str, str]] = {"temperature": "set it as rollout.temperature"}
+    moved_keys: ClassVar[dict[str, str]] = {"temperature": "set it as rollout.temperature",
+                                            "loop": "renamed: set it as schedule (sync, async or fully_async)"}
 
     env: str = Field("agentrl.envs.arithmetic:ArithmeticToolEnv", description="module:Class of the Environment")
     tasks: str = Field("agentrl.envs.arithmetic:make_tasks",
@@ -81,7 +85,7 @@ class RunConfig(Settings):
     cache_dir: str = Field(".cache/agentrl", description="built and warmed-up models, reused across runs")
     steps: int = Field(40, ge=0, description="GRPO steps")
     max_minutes: float = Field(10.0, gt=0, description="GRPO wall-time budget; the run stops after the step that passes it")
-    loop: Literal["sync", "async", "fully_async"] = Field(
+    schedule: Literal["sync", "async", "fully_async"] = Field(
         "sync", description="schedule: sync, async (one step off-policy) or fully_async (episodes always in flight)")
     max_staleness: int = Field(2, ge=0, description="fully_async: no trained token more than this many weight versions behind")
     stale_groups: Literal["drop", "regenerate"] = Field(
@@ -92,12 +96,13 @@ class RunConfig(Settings):
     dynamic_sampling: bool = Field(False, description="fully_async: keep taking groups until prompts_per_step pass group_filter")
     max_oversample: float = Field(2.0, ge=1.0, description="dynamic_sampling: at most this x prompts_per_step groups per batch")
     sync_mode: str = Field("delta", description="weight sync payload: full, delta (or the presets disk, tensor, broadcast), or module:Class")
-    sync_options: dict[str, Any] = Field(default_factory=dict,
-                                         description='keyword arguments of the sender, e.g. {"transport": "disk" | "broadcast" | "tensor" | module:Class}')
+    sync_options: SerializeAsAny[TransportOptions] = Field(
+        default_factory=dict, validate_default=True, description='the transport and the options of it and of the payload, as one JSON '
+        'object, e.g. {"transport": "broadcast", "backend": "nccl"}; the sync_options.* sections below list them')
     seed: int = Field(0, description="seed of tasks, warm-up and sampling order")
     group_filter: FunctionPath = Field("agentrl.rollout.buffer:has_reward_variance",
                               description="module:function group -> keep? (default: drop zero-variance groups)")
-    colocate: bool = Field(False, description="release engine memory while training (needs loop sync)")
+    colocate: bool = Field(False, description="release engine memory while training (needs schedule sync)")
     trainer_ranks: int = Field(1, ge=1, description="Megatron ranks (Ray actors)")
     log_samples: int = Field(4, ge=0, description="whole rollouts per step written to samples/step-N.jsonl")
     report_to: list[str] = Field(default_factory=list,
@@ -138,26 +143,34 @@ class RunConfig(Settings):
     @field_validator("sync_mode")
     @classmethod
     def _sync_mode_loads(cls, mode: str) -> str:
-        from agentrl.weights.sync import MODES  # names only: the classes load (with torch) when a sync starts
+        from agentrl.weights.sync import payload_class
 
-        if mode not in MODES:
-            resolve(mode, MODES, what="sync_mode")
+        payload_class(mode)
         return mode
+
+    @field_validator("sync_options", mode="before")
+    @classmethod
+    def _sync_options_fit_the_transport(cls, options: Any, info: ValidationInfo) -> Any:
+        """Typed for the payload and the transport they name, so a bad key or name fails at load."""
+        from agentrl.weights.sync import sync_options
+
+        if "sync_mode" not in info.data:  # sync_mode itself was refused: that error says it
+            return TransportOptions()
+        if not isinstance(options, dict | TransportOptions):
+            raise ValueError(f"sync_options must be a JSON object, got {type(options).__name__}")
+        return sync_options(info.data["sync_mode"], options)
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> RunConfig:
-        if self.colocate and self.loop != "sync":
-            raise ValueError("colocate releases the engines during training; it needs loop='sync'")
-        if self.external_agent is not None and self.rollout.rollout_function is not None:
+        if self.colocate and self.schedule != "sync":
+            raise ValueError("colocate releases the engines during training; it needs schedule='sync'")
+        if self.external_agent is not None and self.rollout.episode_function is not None:
             raise ValueError("external_agent plays the episodes itself; it cannot be combined with "
-                             "rollout.rollout_function")
-        if self.external_agent is not None and self.loop == "fully_async":
-            raise ValueError("external_agent plays the episodes of loop 'sync' or 'async'; fully_async runs its own")
-        if self.loop == "fully_async" and self.rollout.rollout_function:
-            raise ValueError("loop='fully_async' runs its own episodes (agentrl.rollout.episode_pool); "
-                             "rollout.rollout_function works with sync and async")
-        if self.dynamic_sampling and self.loop != "fully_async":
-            raise ValueError("dynamic_sampling refills batches from the episode pool; it needs loop='fully_async'")
+                             "rollout.episode_function")
+        if self.external_agent is not None and self.schedule == "fully_async":
+            raise ValueError("external_agent plays the episodes of schedule 'sync' or 'async'")
+        if self.dynamic_sampling and self.schedule != "fully_async":
+            raise ValueError("dynamic_sampling refills batches from the episode pool; it needs schedule='fully_async'")
         return self
 
     @model_validator(mode="after")
@@ -188,7 +201,8 @@ class RunConfig(Settings):
         from agentrl.envs import Environment
 
         env = resolve(self.env, {}, what="env", base=Environment)
-        return load_dataset_tasks(self.tasks, self.data, seed=self.seed, task_model=env.task_model)
+        return load_dataset_tasks(self.tasks, self.data, seed=self.seed, task_model=env.task_model,
+                                  task_fields=env.task_fields)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -227,8 +241,26 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
-    """Read YAML at ``path`` (optional), apply ``--section.field VALUE`` overrides, validate."""
+    """Read YAML at ``path`` (optional), apply ``--section.field VALUE`` overrides, validate. A file that is
+    not YAML, or not a mapping of keys to values, is a ``ValueError`` of one line naming it."""
+    return RunConfig.model_validate(_merge(read_yaml_config(path), parse_overrides(list(overrides))))
+
+
+def read_yaml_config(path: str | Path | None) -> dict[str, Any]:
+    """The mapping a YAML config file holds (``{}`` for none or an empty file)."""
     import yaml
 
-    raw: dict = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
-    return RunConfig.model_validate(_merge(raw, parse_overrides(list(overrides))))
+    if not path:
+        return {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ValueError(f"{path}: not valid YAML{line}: {getattr(err, 'problem', None) or err}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a config is a mapping of keys to values (steps: 40, rollout: {{...}}), "
+                         f"but this file holds a {type(raw).__name__}")
+    return raw

@@ -53,12 +53,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from agentrl.envs.loop import RolloutResult
 from agentrl.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FUNCTION = "agentrl.run.external_agents:ACTIVE.rollout"
+EPISODE_FUNCTION = "agentrl.run.external_agents:ACTIVE.episode"
 _LINE_LIMIT = 1 << 20  # bytes of one stdout line an agent may write
 
 
@@ -223,8 +222,8 @@ class AgentCopy:
 
 
 class ExternalAgents:
-    """The gateway (training mode) and the agent copies of one rollout actor; :meth:`rollout` is its
-    ``rollout_function``. Everything runs on the event loop of the first :meth:`rollout` call."""
+    """The gateway (training mode) and the agent copies of one rollout actor; :meth:`episode` is its
+    ``episode_function``. Everything runs on the event loop of the first :meth:`episode` call."""
 
     def __init__(self, settings: ExternalAgentSettings, model_dir: str | Path, *, log_dir: str | Path | None = None,
                  cwd: str | None = None) -> None:
@@ -244,6 +243,8 @@ class ExternalAgents:
         self._failures_in_row = 0
         self._formats: dict[Any, Any] = {}
         self.failing: str | None = None
+        self._reported: Counter[str] = Counter()
+        self._starting: asyncio.Future[None] | None = None
 
     # ---- lifetime ----------------------------------------------------------------------------------
     async def start(self, chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -315,34 +316,32 @@ class ExternalAgents:
     def counters(self) -> dict[str, float]:
         return {k: float(v) for k, v in sorted(self.counts.items())}
 
-    # ---- the rollout function --------------------------------------------------------------------
-    async def rollout(self, env_factory: Any, tasks: Any, generate: Any, renderer: Any, **kwargs: Any) -> Any:
-        """:func:`~agentrl.envs.loop.generate_rollout` with :meth:`episode` playing each episode; the result's
-        summary adds this rollout's agent counts (``rollout/agents/...``)."""
-        from agentrl.envs.loop import generate_rollout
-
-        await self.start(getattr(renderer, "chat_template_kwargs", None))
-        before = Counter(self.counts)
-        kwargs.pop("episode_fn", None)
-        result = await generate_rollout(env_factory, tasks, generate, renderer, episode_fn=self.episode, **kwargs)
+    # ---- the episode function --------------------------------------------------------------------
+    def raise_if_failing(self) -> None:
+        """Fail the step when the agents keep failing (an episode's failure alone is one error episode)."""
         if self.failing:
             raise AgentsFailing(self.failing)
-        counts = {k: float(self.counts[k] - before[k]) for k in self.counts}
-        return _WithAgentCounts(groups=result.groups, agent_counts=counts)
+
+    def metrics(self) -> dict[str, float]:
+        """``rollout/agents/<count>``: the agent counts since the last call."""
+        before, self._reported = self._reported, Counter(self.counts)
+        return {f"rollout/agents/{k}": float(self.counts[k] - before[k]) for k in sorted(self.counts)}
 
     async def episode(self, env: Any, task: Any, generate: Any, renderer: Any, *, session_id: str,
                       group_id: str | None = None, sampling_params: dict[str, Any] | None = None,
                       trajectory_manager: Any = None, **_: Any) -> Any:
-        """One episode of ``env`` on ``task`` played by a free agent copy (the per-sample function of
-        :func:`~agentrl.envs.loop.generate_rollout`)."""
+        """One episode of ``env`` on ``task`` played by a free agent copy: the run's per-episode function
+        (same signature as :func:`~agentrl.envs.loop.run_episode`); the gateway starts on the first one."""
         from agentrl.envs.environment import maybe_await
         from agentrl.envs.loop import EpisodeMetrics, EpisodeResult
         from agentrl.envs.rewards import combine_reward
         from agentrl.rollout.gateway import Episode
         from agentrl.trajectory import StopReason
 
-        if self.failing:
-            raise AgentsFailing(self.failing)
+        self.raise_if_failing()
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self.start(getattr(renderer, "chat_template_kwargs", None)))
+        await asyncio.shield(self._starting)
         assert self._idle is not None and trajectory_manager is not None
         started = time.perf_counter()
         metrics = EpisodeMetrics()
@@ -487,26 +486,17 @@ async def _no_generate(*_: Any, **__: Any) -> Any:
 
 
 @dataclass
-class _WithAgentCounts(RolloutResult):
-    """A rollout's episodes plus its agent counts, which the summary reports (``rollout/agents/<count>``)."""
-
-    agent_counts: dict[str, float] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "agents": dict(self.agent_counts)}
-
-
 class _ActivePool:
-    """The pool of this process (one rollout actor has one), behind the ``rollout_function`` path
-    :data:`ROLLOUT_FUNCTION`: a config names functions by path, the pool is state."""
+    """The pool of this process (one rollout actor has one), behind the ``episode_function`` path
+    :data:`EPISODE_FUNCTION`: a config names functions by path, the pool is state."""
 
     pool: ExternalAgents | None = None
 
-    async def rollout(self, *args: Any, **kwargs: Any) -> Any:
+    async def episode(self, *args: Any, **kwargs: Any) -> Any:
         if self.pool is None:
-            raise RuntimeError(f"{ROLLOUT_FUNCTION} plays episodes with the external agents of the run; set "
-                               "external_agent in the run config instead of naming it as rollout_function")
-        return await self.pool.rollout(*args, **kwargs)
+            raise RuntimeError(f"{EPISODE_FUNCTION} plays episodes with the external agents of the run; set "
+                               "external_agent in the run config instead of naming it as episode_function")
+        return await self.pool.episode(*args, **kwargs)
 
 
 ACTIVE = _ActivePool()

@@ -1,6 +1,6 @@
 """``Run``: one training run's processes and records behind five verbs — :meth:`~Run.generate`,
 :meth:`~Run.train`, :meth:`~Run.update_weights`, :meth:`~Run.evaluate`, :meth:`~Run.save` — so that a
-schedule (:mod:`agentrl.run.loop`) is a screen of those verbs and nothing else.
+schedule (:mod:`agentrl.run.schedules`) is a screen of those verbs and nothing else.
 
 Behind the verbs: Ray start, the rollout actor (engines, router, agent loop, data buffer), the cached
 base and warm-up models, the trainer ranks and where they sync to, resume, metric rows, checkpoint names
@@ -13,6 +13,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,10 +95,10 @@ class Run:
             self.plan = placement.reserve_for(cfg, cluster)
             base = base_model_dir(cfg)
             self.rollout = remote(RolloutWorker, num_cpus=0).options(**placement.on_this_node()).remote(
-                str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.model.dtype,
+                str(base), cfg.env, cfg.rollout.model_dump(), dtype=cfg.trainer.dtype,
                 group_filter=cfg.group_filter, log_dir=str(self.log_dir), **self.plan.rollout_kwargs(),
                 external_agent=cfg.external_agent.model_dump() if cfg.external_agent else None, cwd=os.getcwd())
-            threads = training_cpu_threads(cfg.loop, cfg.trainer_ranks, cfg.ray.gpus_per_rank, self.plan.cluster)
+            threads = training_cpu_threads(cfg.schedule, cfg.trainer_ranks, cfg.ray.gpus_per_rank, self.plan.cluster)
 
             def start_trainers(model_dir: Path) -> list[Any]:
                 return start_trainer_group(model_dir, cfg.trainer.model_dump(), cfg.rollout.temperature,
@@ -151,6 +153,8 @@ class Run:
             scored = [(r[self.cfg.eval.best_metric], r["step"]) for r in self.log.rows()
                       if "step" in r and self.cfg.eval.best_metric in r]
             self.best = max(scored, key=lambda b: (b[0], -b[1])) if scored else None
+        # After the step-0 evaluation: a fully_async pool starts admitting at once.
+        ray.get(self.rollout.start_pool.remote(self.tasks, self.first_step, self.cfg))
         self._deadline = time.monotonic() + self.cfg.max_minutes * 60
 
     def __exit__(self, exc_type: type[BaseException] | None = None, *exc: object) -> None:
@@ -204,12 +208,24 @@ class Run:
     # ------------------------------------------------------------------------------------------ the verbs
 
     def generate(self, step: int) -> PendingBatch:
-        """Start the rollout of ``step``'s tasks (a function of the step, so a resumed run reads on)."""
-        tasks = self.tasks.train(self.cfg.rollout.prompts_per_step, step)
-        # Trained at the weights of version ``step`` (update_weights(step) precedes the step's training).
-        samples, metrics, examples = self.rollout.rollout.options(num_returns=3).remote(
-            tasks, self.cfg.log_samples, trainer_version=step)
+        """The batch trained at the weights of version ``step`` (update_weights(step) precedes its training):
+        ``sync`` and ``async`` admit the step's tasks now (a function of the step, so a resumed run reads on)
+        and the batch is all of their groups; ``fully_async`` takes the next groups its pool completed."""
+        admit = None if self.cfg.schedule == "fully_async" else step
+        samples, metrics, examples = self.rollout.take_batch.options(num_returns=3).remote(
+            step, self.cfg.log_samples, admit)
         return PendingBatch(step, samples, metrics, examples)
+
+    @contextmanager
+    def generation_paused(self) -> Iterator[None]:
+        """No turn is generated inside: turns in flight finished or were aborted (``partial_rollout``)."""
+        import ray
+
+        ray.get(self.rollout.pause_generation.remote())
+        try:
+            yield
+        finally:
+            ray.get(self.rollout.continue_generation.remote())
 
     def train(self, batch: PendingBatch) -> dict[str, Any]:
         """One GRPO step of every trainer rank on ``batch``; returns its rollout and training metrics."""

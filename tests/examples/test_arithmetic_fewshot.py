@@ -77,7 +77,7 @@ def test_the_smollm2_gpu_config_runs_this_environment_colocated_on_one_gpu() -> 
     config = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "config_smollm2_gpu.yaml"
     cfg = load_config(config, ["--model.path", "/models/smollm2"])
     assert cfg.env == "examples.arithmetic.fewshot:FewShotArithmeticToolEnv" and cfg.expert is None
-    assert cfg.colocate and cfg.loop == "sync" and (cfg.ray.gpus_per_rank, cfg.ray.gpus_per_engine) == (1, 1)
-    assert (cfg.sync_mode, cfg.sync_options) == ("tensor", {"transport": "cuda_ipc"})
+    assert cfg.colocate and cfg.schedule == "sync" and (cfg.ray.gpus_per_rank, cfg.ray.gpus_per_engine) == (1, 1)
+    assert cfg.sync_mode == "full" and cfg.sync_options.model_dump(exclude_unset=True) == {"transport": "tensor", "handles": "cuda_ipc"}
     check_shape(cfg.ray, ranks=cfg.trainer_ranks, engines=cfg.rollout.num_engines, colocate=cfg.colocate)
     check_sync_support(cfg.sync_mode, cfg.sync_options, {"http://e:1": "agentrl-embedded"})

@@ -15,8 +15,10 @@ from transformers import AutoTokenizer
 from agentrl.envs.arithmetic import ArithmeticToolEnv, make_tasks
 from agentrl.envs.render import ChatRenderer
 from agentrl.models.tiny import TOKENIZER_DIR
-from agentrl.rollout.buffer import keep_all
-from agentrl.rollout.episode_pool import EpisodePool, PoolSettings
+from agentrl.rollout.buffer import DataBuffer, keep_all
+from agentrl.rollout.episode_pool import EpisodePool
+from agentrl.rollout.settings import RolloutSettings
+from agentrl.run.config import RunConfig
 from agentrl.trajectory import TurnRecord
 
 
@@ -69,16 +71,20 @@ def renderer() -> ChatRenderer:
     return ChatRenderer(AutoTokenizer.from_pretrained(TOKENIZER_DIR))
 
 
-SETTINGS = PoolSettings(samples_per_prompt=2, prompts_per_batch=2, groups_per_batch=2, concurrency=4,
-                        max_staleness=1, max_new_tokens=64)
+ROLLOUT = RolloutSettings(samples_per_prompt=2, prompts_per_step=2, concurrency=4, max_new_tokens=64)
+SCHEDULE = RunConfig(schedule="fully_async", max_staleness=1)
+
+
+def make_pool(renderer: ChatRenderer, env_factory: Any, engine: Any) -> EpisodePool:
+    return EpisodePool(env_factory=env_factory, renderer=renderer, generate=engine.generate, task_source=Tasks(),
+                       rollout=ROLLOUT, schedule=SCHEDULE, buffer=DataBuffer(keep_all)).start()
 
 
 def _take_rows(renderer: ChatRenderer, env_factory: Any, steps: int) -> list[dict[str, float]]:
     engine = RightAnswers(renderer.tokenizer)
 
     async def main() -> list[dict[str, float]]:
-        pool = EpisodePool(env_factory=env_factory, renderer=renderer, generate=engine.generate,
-                           task_source=Tasks(), settings=SETTINGS, group_filter=keep_all).start()
+        pool = make_pool(renderer, env_factory, engine)
         try:
             # no weight update here: every batch is for version 0, the version every turn carries
             return [(await pool.take(0))[1] for _ in range(steps)]
@@ -116,14 +122,13 @@ def test_back_to_back_takes_refill_the_pool_when_a_batchs_episodes_end_together(
 
     async def main() -> None:
         for _ in range(20):
-            pool = EpisodePool(env_factory=PlainEnv, renderer=renderer, generate=engine.generate, task_source=Tasks(),
-                               settings=SETTINGS, group_filter=keep_all).start()
+            pool = make_pool(renderer, PlainEnv, engine)
             try:
                 async with asyncio.timeout(10):
                     for _ in range(3):
                         groups, _, episodes = await pool.take(0)
-                        assert len(groups) == SETTINGS.groups_per_batch
-                        assert len(episodes) == SETTINGS.groups_per_batch * SETTINGS.samples_per_prompt
+                        assert len(groups) == ROLLOUT.prompts_per_step
+                        assert len(episodes) == ROLLOUT.prompts_per_step * ROLLOUT.samples_per_prompt
             finally:
                 await pool.close()
 

@@ -34,7 +34,7 @@ def cache(tmp_path_factory):
 
 def test_one_step_off_async_loop_trains_every_batch_one_version_late(tmp_path, cache) -> None:
     out = tmp_path / "async"
-    assert main([CONFIG, "--output-dir", str(out), "--steps", "3", "--loop", "async", *small(cache)]) == 0
+    assert main([CONFIG, "--output-dir", str(out), "--steps", "3", "--schedule", "async", *small(cache)]) == 0
     rows = step_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     # one step off: the first batch was sampled by the weights it trains, every later one a version behind
@@ -46,7 +46,7 @@ def test_one_step_off_async_loop_trains_every_batch_one_version_late(tmp_path, c
 
 def test_fully_async_loop_keeps_the_staleness_bound_with_aborted_turns(tmp_path, cache) -> None:
     out = tmp_path / "fully_async"
-    assert main([CONFIG, "--output-dir", str(out), "--steps", "4", "--loop", "fully_async", "--max_staleness", "1",
+    assert main([CONFIG, "--output-dir", str(out), "--steps", "4", "--schedule", "fully_async", "--max_staleness", "1",
                  "--partial_rollout", "abort", "--rollout.concurrency", "16", *small(cache)]) == 0
     rows = step_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

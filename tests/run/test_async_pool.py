@@ -17,13 +17,16 @@ from agentrl.envs.arithmetic import ArithmeticToolEnv, make_tasks
 from agentrl.envs.render import ChatRenderer
 from agentrl.models.tiny import TOKENIZER_DIR
 from agentrl.rollout.buffer import (
+    DataBuffer,
     group_lag,
     has_reward_variance,
     keep_all,
     staleness_metrics,
     trained_token_versions,
 )
-from agentrl.rollout.episode_pool import EpisodePool, PoolSettings
+from agentrl.rollout.episode_pool import EpisodePool
+from agentrl.rollout.settings import RolloutSettings
+from agentrl.run.config import RunConfig
 from agentrl.trajectory import MODEL, StopReason, TurnRecord
 
 
@@ -111,13 +114,19 @@ def renderer() -> ChatRenderer:
     return ChatRenderer(AutoTokenizer.from_pretrained(TOKENIZER_DIR))
 
 
+ROLLOUT_KEYS = set(RolloutSettings.model_fields)
+
+
 def make_pool(renderer, engine, *, batches=1000, group_filter=keep_all, **overrides) -> EpisodePool:
-    settings = dict(samples_per_prompt=4, prompts_per_batch=4, groups_per_batch=4, concurrency=16,
-                    max_staleness=1, max_new_tokens=64)
+    """A fully_async pool: 4 tasks x 4 episodes a batch, 16 in flight, the rest from ``overrides`` (a field
+    of RolloutSettings or a schedule field of RunConfig, by name)."""
+    settings = dict(samples_per_prompt=4, prompts_per_step=4, concurrency=16, max_staleness=1, max_new_tokens=64)
     settings.update(overrides)
+    rollout = RolloutSettings(**{k: v for k, v in settings.items() if k in ROLLOUT_KEYS})
+    schedule = RunConfig(schedule="fully_async", **{k: v for k, v in settings.items() if k not in ROLLOUT_KEYS})
     return EpisodePool(env_factory=SlowToolEnv, renderer=renderer, generate=engine.generate,
-                       task_source=FiniteTasks(batches), settings=PoolSettings(**settings),
-                       group_filter=group_filter, engine_control=engine.control)
+                       task_source=FiniteTasks(batches), rollout=rollout, schedule=schedule,
+                       buffer=DataBuffer(group_filter), engine_control=engine.control)
 
 
 async def train_steps(pool: EpisodePool, engine: ScriptedEngine, steps: int, train_s: float = 0.05):
@@ -234,9 +243,10 @@ def test_dynamic_sampling_fills_the_batch_with_mixed_groups_within_the_cap(rende
         assert m["rollout/groups_kept"] == len(groups)
 
 
-def test_pool_settings_refuse_nonsense() -> None:
-    with pytest.raises(ValueError, match="max_staleness"):
-        PoolSettings(samples_per_prompt=1, prompts_per_batch=1, groups_per_batch=1, concurrency=1, max_staleness=-1)
-    with pytest.raises(ValueError, match="partial_rollout"):
-        PoolSettings(samples_per_prompt=1, prompts_per_batch=1, groups_per_batch=1, concurrency=1, max_staleness=0,
-                     partial_rollout="keep")
+def test_the_schedule_fields_refuse_nonsense() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_staleness"):
+        RunConfig(max_staleness=-1)
+    with pytest.raises(ValidationError, match="partial_rollout"):
+        RunConfig(partial_rollout="keep")

@@ -95,12 +95,39 @@ def test_host_local_transports_refuse_engines_on_other_hosts() -> None:
 def test_broadcast_rendezvous_is_rank_0s_node_on_a_cluster() -> None:
     slot = Slot(None, 0, 1, 0, "n0", "10.0.0.7", [], [0])
     cluster, local = Plan("connected", "h:1", [slot], []), Plan("local", None, [slot], [])
-    assert sync_options_for("broadcast", {}, cluster) == {"master_address": "10.0.0.7"}
+    broadcast, disk = "agentrl.weights.transports.broadcast:BroadcastTransport", "agentrl.weights.transports.disk:DiskTransport"
+    assert sync_options_for("broadcast", {}, cluster) == {"transport": broadcast, "master_address": "10.0.0.7"}
     assert sync_options_for("delta", {"transport": "broadcast"}, cluster)["master_address"] == "10.0.0.7"
     assert sync_options_for("delta", {"transport": "broadcast", "master_address": "10.9.9.9"}, cluster)["master_address"] == "10.9.9.9"
-    assert sync_options_for("broadcast", {}, local) == {}  # one host: loopback, as before
-    assert sync_options_for("delta", {}, cluster) == {}  # disk: no rendezvous
+    assert sync_options_for("broadcast", {}, local) == {"transport": broadcast}  # one host: loopback, as before
+    assert sync_options_for("delta", {"level": 3}, cluster) == {"transport": disk, "level": 3}  # disk: no rendezvous
     assert local.master_addr == "127.0.0.1" and cluster.master_addr == "10.0.0.7"
+
+
+def test_placement_asks_the_transport_class_so_a_new_one_needs_no_placement_edit(monkeypatch) -> None:
+    """A registered transport declaring host_local and needs_rendezvous gets both checks by its attributes."""
+    from pydantic import Field
+
+    from agentrl.weights import transport as registry
+    from agentrl.weights.transport import Transport, TransportOptions
+
+    class PigeonOptions(TransportOptions):
+        master_address: str = Field("127.0.0.1", description="where the pigeons fly back to")
+
+    class Pigeon(Transport):
+        name, carries, Options, host_local, needs_rendezvous = "pigeon", frozenset({"full"}), PigeonOptions, True, True
+
+        def send_full(self, tensors, weight_version, urls):  # pragma: no cover - never sent here
+            raise NotImplementedError
+
+    monkeypatch.setattr(registry, "TRANSPORTS", {**registry.TRANSPORTS, "pigeon": Pigeon})
+    rank0, away = {"node_ip": "10.0.0.1"}, {"url": "http://10.0.0.2:1", "node_ip": "10.0.0.2"}
+    with pytest.raises(EngineSupportError, match="pigeon weight transport only reaches"):
+        check_reachable("full", {"transport": "pigeon"}, [away], rank0)
+    cluster = Plan("connected", "h:1", [Slot(None, 0, 1, 0, "n0", "10.0.0.7", [], [0])], [])
+    assert sync_options_for("full", {"transport": "pigeon"}, cluster)["master_address"] == "10.0.0.7"
+    with pytest.raises(TypeError, match="master_address"):
+        type("NoAddress", (Transport,), {"needs_rendezvous": True, "send_full": Pigeon.send_full})
 
 
 def test_a_process_given_gpus_refuses_when_cuda_is_absent() -> None:
@@ -117,7 +144,7 @@ def test_the_gpu_example_places_one_engine_and_one_rank_on_one_shared_gpu() -> N
     from agentrl.run.config import load_config
 
     cfg = load_config("examples/arithmetic/config_gpu.yaml", ["--model.path", "/models/smollm2"])
-    assert cfg.colocate and cfg.loop == "sync" and cfg.trainer_ranks == 1 and cfg.rollout.num_engines == 1
+    assert cfg.colocate and cfg.schedule == "sync" and cfg.trainer_ranks == 1 and cfg.rollout.num_engines == 1
     assert (cfg.ray.gpus_per_rank, cfg.ray.gpus_per_engine) == (1, 1)
     check_shape(cfg.ray, ranks=cfg.trainer_ranks, engines=cfg.rollout.num_engines, colocate=cfg.colocate)
     assert engines_are_placed(cfg.ray, cluster="local", colocate=True, external=False)

@@ -55,7 +55,8 @@ def test_an_unknown_key_names_itself_its_section_and_the_nearest_key(override, k
 @pytest.mark.parametrize(("override", "fragment"), [
     (["--trainer.lr", "fast"], "lr"),
     (["--rollout.num_engines", "0"], "num_engines"),
-    (["--loop", "sometimes"], "loop"),
+    (["--schedule", "sometimes"], "schedule"),
+    (["--loop", "sync"], "renamed: set it as schedule"),
 ])
 def test_a_wrong_type_or_value_names_the_field(override, fragment):
     with pytest.raises(ValidationError, match=fragment):
@@ -69,7 +70,7 @@ def test_a_wrong_type_or_value_names_the_field(override, fragment):
     (["--rollout.policy", "agentrl.trajectory.sample:Sample"], "not a DriftPolicy subclass"),
     (["--env", "agentrl.envs.arithmetic:make_tasks"], "not a Environment subclass"),
     (["--group_filter", "agentrl.rollout.buffer.nope"], "has no attribute 'nope'"),
-    (["--sync_mode", "carrier-pigeon"], "unknown sync_mode 'carrier-pigeon'"),
+    (["--sync_mode", "carrier-pigeon"], "unknown weight-sync mode 'carrier-pigeon'"),
     (["--expert", "examples.nope:expert"], "module 'examples.nope' not found"),
 ])
 def test_a_bad_plugin_path_fails_at_load_naming_what_it_looked_for(override, fragment):
@@ -92,7 +93,7 @@ def test_defaults_do_not_come_from_the_demo():
 
 def test_colocate_needs_the_sync_schedule():
     with pytest.raises(ValidationError, match="colocate"):
-        load_config(CONFIG, ["--colocate", "true", "--loop", "async"])
+        load_config(CONFIG, ["--colocate", "true", "--schedule", "async"])
 
 
 def test_agentrl_train_with_a_typo_exits_fast_before_ray_naming_the_key(tmp_path):

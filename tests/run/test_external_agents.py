@@ -79,14 +79,22 @@ def pool(tmp_path: Path, command: str, **settings) -> ExternalAgents:
 
 
 async def play(agents: ExternalAgents, tasks, n: int, *, temperature: float = 0.7):
+    """``n`` episodes per task, each played through the agents' per-episode function (as the run's pool
+    does); the result's summary carries the agent counts of these episodes (``agents``)."""
     from transformers import AutoTokenizer
+
+    from agentrl.envs.loop import generate_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(agents.model_dir)
     policy = Policy(tokenizer)
     manager = RecordingTrajectoryManager()
-    result = await agents.rollout(ArithmeticToolEnv, tasks, policy, ChatRenderer(tokenizer), n_samples_per_task=n,
-                                  concurrency=64, sampling_params={"temperature": temperature, "max_new_tokens": 40},
-                                  trajectory_manager=manager, max_context_tokens=512)
+    agents.metrics()  # counts from here on
+    result = await generate_rollout(ArithmeticToolEnv, tasks, policy, ChatRenderer(tokenizer), n_samples_per_task=n,
+                                    concurrency=64, sampling_params={"temperature": temperature, "max_new_tokens": 40},
+                                    trajectory_manager=manager, max_context_tokens=512, episode_fn=agents.episode)
+    agents.raise_if_failing()
+    counts = {k.removeprefix("rollout/agents/"): v for k, v in agents.metrics().items()}
+    result.summary = lambda summary=result.summary: {**summary(), "agents": counts}
     return result, manager, policy
 
 
@@ -347,11 +355,13 @@ def test_config_checks_the_agent_section_before_anything_starts(tmp_path) -> Non
         load_config(None, ["--external_agent.command", "no-such-agent-binary --flag"])
     with pytest.raises(ValidationError, match="not valid shell words"):
         load_config(None, ["--external_agent.command", "python 'unclosed"])
-    with pytest.raises(ValidationError, match="cannot be combined with rollout.rollout_function"):
+    with pytest.raises(ValidationError, match="cannot be combined with rollout.episode_function"):
         load_config(None, ["--external_agent.command", "python agent.py",
-                           "--rollout.rollout_function", "agentrl.envs.loop:generate_rollout"])
-    with pytest.raises(ValidationError, match="fully_async runs its own"):
-        load_config(None, ["--external_agent.command", "python agent.py", "--loop", "fully_async"])
+                           "--rollout.episode_function", "agentrl.envs.loop:run_episode"])
+    with pytest.raises(ValidationError, match="rollout_function became the per-episode episode_function"):
+        load_config(None, ["--rollout.rollout_function", "agentrl.envs.loop:generate_rollout"])
+    with pytest.raises(ValidationError, match="episodes of schedule 'sync' or 'async'"):
+        load_config(None, ["--external_agent.command", "python agent.py", "--schedule", "fully_async"])
     cfg = load_config(ROOT / "examples" / "openai_agent" / "config.yaml")
     assert cfg.external_agent.command.endswith("agent.py") and cfg.external_agent.reward_from == "env"
 
