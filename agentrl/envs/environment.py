@@ -77,6 +77,9 @@ class Environment:
     # A pydantic model of one task: when the run reads tasks from data files, every row is validated
     # against it before training starts (a wrong type names the file and row), and ``reset`` gets its dump.
     task_model: ClassVar[type[Any] | None] = None
+    # The task keys ``reset``/``reward`` read: when the run reads tasks from data files, a row lacking one
+    # is refused before training starts (naming the file, row and key) instead of failing every episode.
+    task_fields: ClassVar[tuple[str, ...]] = ()
     # Weights of the named components ``reward()`` may return (a component not listed weighs 1).
     reward_weights: ClassVar[Mapping[str, float]] = {}
     tool_format: ClassVar[str] = TOOL_FORMAT_AUTO

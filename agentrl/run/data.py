@@ -193,7 +193,7 @@ def _read(path: Path, split: str) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _tasks(rows: Sequence[dict[str, Any]], where: Sequence[str], fields: dict[str, str],
-           task_model: type[BaseModel] | None) -> list[dict[str, Any]]:
+           task_model: type[BaseModel] | None, task_fields: Sequence[str] = ()) -> list[dict[str, Any]]:
     out = []
     for row, place in zip(rows, where, strict=True):
         if fields:
@@ -210,22 +210,28 @@ def _tasks(rows: Sequence[dict[str, Any]], where: Sequence[str], fields: dict[st
                 first = err.errors()[0]
                 field = ".".join(map(str, first["loc"]))
                 raise DataError(f"{place}: field {field!r}: {first['msg']}") from None
+        lacking = [key for key in task_fields if key not in task]
+        if lacking:
+            raise DataError(f"{place}: the environment reads task field {lacking[0]!r}, which this row lacks "
+                            f"(row has {sorted(task)}; map a column to it with data.fields)")
         out.append(task)
     return out
 
 
 def load_dataset_tasks(path: str, data: DataSection, *, seed: int, task_model: type[BaseModel] | None = None,
-                       ) -> DatasetTasks:
-    """Read and validate every row now; split off held-out rows by name or by a seeded fraction."""
+                       task_fields: Sequence[str] = ()) -> DatasetTasks:
+    """Read and validate every row now (against ``task_model``, and each must have every key of
+    ``task_fields``, the environment's ``Environment.task_fields``); split off held-out rows by name or
+    by a seeded fraction."""
     rows, where = _read(Path(path), data.train_split)
-    train = _tasks(rows, where, data.fields, task_model)
+    train = _tasks(rows, where, data.fields, task_model, task_fields)
     if data.heldout is not None:
         heldout_path = Path(data.heldout)
         if heldout_path.exists():
             h_rows, h_where = _read(heldout_path, data.train_split)
         else:  # a split name of the same saved dataset
             h_rows, h_where = _read(Path(path), data.heldout)
-        heldout = _tasks(h_rows, h_where, data.fields, task_model)
+        heldout = _tasks(h_rows, h_where, data.fields, task_model, task_fields)
     else:
         order = list(range(len(train)))
         random.Random(f"heldout-{seed}").shuffle(order)
