@@ -55,6 +55,7 @@ class ArithmeticEnv(Environment):
     """Single turn: submit the sum."""
 
     max_turns = 3
+    task_fields = ("a", "b", "answer")
 
     def reset(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         self.submitted: int | None = None

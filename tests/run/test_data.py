@@ -94,9 +94,9 @@ def test_bad_data_names_the_file_and_row(tmp_path, content, data, fragment) -> N
 
 
 def test_agentrl_train_on_bad_data_exits_before_ray_naming_the_row(tmp_path) -> None:
-    bad = _jsonl(tmp_path / "tasks.jsonl", [{"a": 1, "b": 2}, {"a": 3}])
+    bad = _jsonl(tmp_path / "tasks.jsonl", [{"a": 1, "b": 2, "answer": 3}, {"a": 3, "answer": 3}])
     proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--tasks", bad, "--data.fields",
-                           '{"a": "a", "b": "b"}', "--output-dir", str(tmp_path / "run")],
+                           '{"a": "a", "b": "b", "answer": "answer"}', "--output-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "tasks.jsonl row 2: missing field 'b'" in proc.stderr
     assert "ray" not in proc.stdout.lower().replace("array", "")
