@@ -24,11 +24,14 @@ def vocabulary() -> dict[str, Any]:
             "drift_outcomes": list(DRIFT_OUTCOMES), "stop_reasons": [str(r) for r in StopReason]}
 
 
-def run_summary(run: RunDir) -> dict[str, Any]:
+def run_summary(run: RunDir, *, read_all: bool = False) -> dict[str, Any]:
+    """Steps, checkpoints and names. A step's count and errors are known once it was read (``read_all``:
+    read every step now; the served page reads a step only when it is shown)."""
     steps = []
     for step in run.steps():
-        index = run.index(step)
-        steps.append({"step": step, "samples": len(index.summaries), "errors": index.errors})
+        index = run.index(step) if read_all else run.indexed(step)
+        steps.append({"step": step, "samples": None if index is None else len(index.summaries),
+                      "errors": [] if index is None else index.errors})
     return {"name": run.root.name, "steps": steps, "checkpoints": run.checkpoints(), **vocabulary()}
 
 

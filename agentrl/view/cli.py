@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
         tokenizer = args.tokenizer or run.tokenizer_dir()
         decode = cached_decoder(load_decoder(str(tokenizer)) if tokenizer else None)
-        for step in run.steps():
-            for error in run.index(step).errors:
-                print(f"agentrl view: skipped {error}", file=sys.stderr)
         for error in run.metrics()[1]:
             print(f"agentrl view: skipped {error}", file=sys.stderr)
         if args.export:
             from agentrl.view.export import export_html
 
+            for step in run.steps():  # served, a step's bad lines show on the page when it is opened
+                for error in run.index(step).errors:
+                    print(f"agentrl view: skipped {error}", file=sys.stderr)
             counts = export_html(run, decode, args.export, max_samples=args.max_samples)
             print(f"wrote {args.export}: {counts['samples']} samples of {counts['steps']} steps, "
                   f"{counts['bytes']} bytes")

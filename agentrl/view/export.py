@@ -29,7 +29,7 @@ def export_html(run: RunDir, decode: Decoder, out: str | Path, *, max_samples: i
             articles.append(f'<article class="sample" id="s-{step}-{s.index}" data-step="{step}" '
                             f'data-index="{s.index}" hidden>{body}</article>')
     rows, errors = run.metrics()
-    data = {"run": run_summary(run), "metrics": {"rows": rows, "errors": errors}, "samples": summaries}
+    data = {"run": run_summary(run, read_all=True), "metrics": {"rows": rows, "errors": errors}, "samples": summaries}
     page = render_page(title=f"agentrl view: {run.root.name}", data=data,
                        static_samples="\n".join(articles))
     Path(out).write_text(page, encoding="utf-8")

@@ -153,6 +153,11 @@ class RunDir:
                 cached = self._indexes[step] = index_step(path)
         return cached
 
+    def indexed(self, step: int) -> StepIndex | None:
+        """The index of ``step`` if it was read already (no file is read here)."""
+        with self._lock:
+            return self._indexes.get(step)
+
     def sample(self, step: int, index: int) -> dict[str, Any]:
         """Sample ``index`` (among the step's good lines) as a dict; IndexError if there is none."""
         found = self.index(step)

@@ -31,9 +31,12 @@ def provenances(html: str) -> list[str]:
     return re.findall(r'data-provenance="([^"]+)"', html)
 
 
-def test_the_run_lists_steps_checkpoints_and_the_trajectory_names(client) -> None:
+def test_the_run_lists_steps_checkpoints_and_the_trajectory_names(run_dir) -> None:
+    client = client_for(run_dir)
     run = client.get("/api/run").json()
-    assert [s["step"] for s in run["steps"]] == [1, 2] and all(s["samples"] == 3 for s in run["steps"])
+    assert [s["step"] for s in run["steps"]] == [1, 2] and all(s["samples"] is None for s in run["steps"])  # lazy
+    assert client.get("/api/steps/2/samples").json()["total"] == 3
+    assert [s["samples"] for s in client.get("/api/run").json()["steps"]] == [None, 3]  # read once shown
     assert run["checkpoints"] == {"steps": [0, 2], "latest": "step-2"}
     assert set(run["classes"]) == {TRAINED, UNTRAINED, PROMPT, CONTEXT, REALIGNED_PROMPT}
     assert "cut" in run["outcomes"] and "truncated" in run["statuses"] and "no_tool_call" in run["stop_reasons"]
@@ -132,7 +135,8 @@ def test_bad_lines_are_skipped_and_named(tmp_path, run_dir) -> None:
         good[0] + "\n" + '{"tokens": [1]}\n' + good[1] + "\n" + good[2][: len(good[2]) // 2])
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "eval_accuracy": 0.5}\nnot json\n[1, 2]\n')
     client = client_for(tmp_path)
-    errors = client.get("/api/run").json()["steps"][0]["errors"]
+    errors = client.get("/api/steps/1/samples").json()["errors"]
+    assert client.get("/api/run").json()["steps"][0]["errors"] == errors
     assert len(errors) == 2 and errors[0].startswith("step-1.jsonl:2: not a sample")
     assert errors[1].startswith("step-1.jsonl:4: cut short")
     assert client.get("/api/steps/1/samples").json()["total"] == 2  # the good lines are all there

@@ -3,6 +3,7 @@ exported file show provenance classes, filter the list and draw the curves."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -20,12 +21,11 @@ CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"no chromium at {CHROMIUM} (scripts/test installs it)")
 
 
-@pytest.fixture(scope="module")
-def served(run_dir):
+@contextlib.contextmanager
+def serving(app):
+    """``app`` on a free loopback port in a thread; yields its URL once it accepts requests."""
     import uvicorn
 
-    run = RunDir(run_dir)
-    app = create_app(run, cached_decoder(load_decoder(str(run_dir / "hf" / "final"))))
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -34,9 +34,17 @@ def served(run_dir):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "the viewer's server did not start in 30 s"
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(run_dir):
+    with serving(create_app(RunDir(run_dir), cached_decoder(load_decoder(str(run_dir / "hf" / "final"))))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +114,16 @@ def test_the_exported_file_works_alone(browser, run_dir, tmp_path) -> None:
     page.goto(out.as_uri())
     _check_page(page, tmp_path, "exported")
     assert requests == [out.as_uri()]  # nothing fetched: the file holds everything
+
+
+def test_a_truncated_step_shows_its_error_and_its_good_samples(browser, run_dir, tmp_path) -> None:
+    (tmp_path / "samples").mkdir()
+    line = (run_dir / "samples" / "step-1.jsonl").read_text().splitlines()[0]
+    (tmp_path / "samples" / "step-1.jsonl").write_text(line + "\n" + line[:200])
+    with serving(create_app(RunDir(tmp_path), cached_decoder(None))) as url:
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+        assert "step-1.jsonl:2: cut short" in page.locator("#errors").inner_text()
+        assert page.locator("#samples tbody tr").count() == 1
+        assert "no reward or held-out rows" in page.locator("#curve").inner_text()

@@ -12,7 +12,7 @@
   };
   const PAGE = 100;
   const embedded = JSON.parse($("#agentrl-data").textContent);
-  const state = { step: null, offset: 0, total: 0, selected: null, run: null };
+  const state = { step: null, offset: 0, total: 0, selected: null, run: null, reported: new Set() };
 
   // -- data sources: the API, or the exported page's own data -----------------------------------------
   async function getJSON(url) {
@@ -32,6 +32,7 @@
     run: async () => embedded.run,
     metrics: async () => embedded.metrics,
     page: async (step, f, offset) => {
+      state.reported.add(step); // its errors came with the run
       const kept = (embedded.samples[step] || []).filter((s) => keeps(s, f));
       return { total: kept.length, items: kept.slice(offset, offset + PAGE) };
     },
@@ -122,6 +123,10 @@
     if (state.step === null) { $("#count").textContent = "this run logged no samples"; return; }
     try {
       const page = await source.page(state.step, filters(), state.offset);
+      if (page.errors && page.errors.length && !state.reported.has(state.step)) {
+        state.reported.add(state.step);
+        showErrors(page.errors);
+      }
       page.items.forEach((s) => $("#samples tbody").append(row(s)));
       state.offset += page.items.length;
       state.total = page.total;
@@ -172,7 +177,7 @@
       const ck = run.checkpoints;
       $("#run-facts").textContent = `steps with samples: ${run.steps.map((s) => s.step).join(", ") || "none"}` +
         ` · checkpoints: ${ck.steps.map((s) => `step-${s}`).join(", ") || "none"}` + (ck.latest ? ` (latest ${ck.latest})` : "");
-      showErrors(run.steps.flatMap((s) => s.errors));
+      showErrors(run.steps.flatMap((s) => s.errors)); // exported: every step was read
       for (const [name, label] of Object.entries(run.classes)) {
         $("#legend").append(el("span", `${name}: ${label}`, { class: "swatch tok", "data-provenance": name }));
       }
