@@ -117,39 +117,32 @@ class FinishRequest(BaseModel):
     return_turns: bool = False  # also return the TurnRecords, so the caller can run agentrl.trajectory.verify
 
 
-FLOAT32_MAX = 3.4028234663852886e38  # the trainer computes advantages in float32
-
-
 class RewardError(ValueError):
-    """A finish reward the trainer cannot use: NaN, infinite, or beyond float32's range."""
+    """A finish reward the trainer cannot use; ``code`` says why (``non_finite_reward``, ``reward_out_of_range``,
+    ``non_numeric_reward``)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def check_finish_reward(reward: float | Mapping[str, float]) -> None:
-    """Raise :class:`RewardError` naming the reward unless each value is a number float32 holds.
+    """Raise :class:`RewardError` naming the reward unless :func:`agentrl.trajectory.sample.check_reward`
+    accepts it (finite, within ``REWARD_LIMIT``: 1e39, -1e308, NaN and 10**400 are all refused)."""
+    from agentrl.trajectory.sample import (
+        BadRewardError,
+        NonFiniteRewardError,
+        NonNumericRewardError,
+        RewardOutOfRangeError,
+        check_reward,
+    )
 
-    Defers to :func:`agentrl.trajectory.sample.check_reward` first; the range check covers what it lets
-    through (``-1e308`` is finite in float64 but ``-inf`` in float32; ``10**400`` overflows any float)."""
-    from agentrl.trajectory.sample import check_reward
-
+    codes = {NonFiniteRewardError: "non_finite_reward", RewardOutOfRangeError: "reward_out_of_range",
+             NonNumericRewardError: "non_numeric_reward"}
     try:
         check_reward(reward)
-    except OverflowError:
-        pass  # an integer too large for a float: the range check below names it
-    except TypeError:
-        raise
-    except ValueError as err:
-        raise RewardError(str(err)) from None
-    parts = reward.items() if isinstance(reward, Mapping) else (("", reward),)
-    for key, value in parts:
-        what = f"reward component {key!r}" if isinstance(reward, Mapping) else "reward"
-        try:
-            magnitude = abs(float(value))
-        except OverflowError:
-            magnitude = float("inf")
-        if not magnitude <= FLOAT32_MAX:  # also NaN
-            shown = repr(value) if isinstance(value, float) else f"an integer of {int(value).bit_length()} bits"
-            raise RewardError(f"{what} must be a finite number within float32's range (|r| <= {FLOAT32_MAX:.4g}), "
-                              f"got {shown}")
+    except BadRewardError as err:
+        raise RewardError(str(err), codes.get(type(err), "bad_reward")) from None
 
 
 # ---- messages -------------------------------------------------------------------------------------

@@ -45,9 +45,9 @@ def error_response(path: str, status: int, message: str, *, kind: str = "invalid
                    param: str | None = None, code: str | None = None) -> JSONResponse:
     """An error in the protocol of the route at ``path``: Anthropic's envelope under ``/v1/messages``,
     OpenAI's everywhere else."""
-    if speaks_anthropic(path):
+    if speaks_anthropic(path):  # Anthropic's envelope has no param: the message names it
         body = {"type": "error", "error": {"type": _ANTHROPIC_KINDS.get(kind, "invalid_request_error"),
-                                           "message": message}}
+                                           "message": f"{param}: {message}" if param else message}}
         return JSONResponse(body, status_code=status)
     return JSONResponse(error_body(message, kind=kind, param=param, code=code), status_code=status)
 
@@ -213,7 +213,7 @@ class SessionRoutes:
                 "finished (finish consumes the session)", code="session_not_found"), status_code=404)
         except RewardError as err:
             return JSONResponse(error_body(f"{err}; the session is still open, finish it again with a finite "
-                                           "reward", param="reward", code="non_finite_reward"), status_code=400)
+                                           "reward in range", param="reward", code=err.code), status_code=400)
         except (TypeError, ValueError) as err:
             return JSONResponse(error_body(str(err)), status_code=400)
 
