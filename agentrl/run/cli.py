@@ -73,6 +73,7 @@ def _train(cfg: Any, args: argparse.Namespace) -> int:
         return 0
     from agentrl.run.bookkeeping import RunDirError
     from agentrl.run.data import DataError
+    from agentrl.run.failure_watch import AllEpisodesFailedError
     from agentrl.run.schedules import train
 
     try:
@@ -80,6 +81,9 @@ def _train(cfg: Any, args: argparse.Namespace) -> int:
     except (RunDirError, DataError) as err:  # raised before Ray or any engine starts
         print(f"agentrl train: {err}", file=sys.stderr)
         return 2
+    except AllEpisodesFailedError as err:
+        print(f"agentrl train: {err}", file=sys.stderr)
+        return 1
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
              if "step" in r and "eval_accuracy" in r]  # warm-up rows carry warmup_step instead
     print(json.dumps({"output_dir": str(out), "first_eval": evals[0]["eval_accuracy"],

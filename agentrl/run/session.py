@@ -22,6 +22,7 @@ from typing import Any
 from agentrl.run import stopping
 from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, SampleLog, claim_output_dir, plot_curves
 from agentrl.run.config import RunConfig
+from agentrl.run.failure_watch import FailureWatch
 from agentrl.run.tracking import make_trackers
 
 
@@ -313,6 +314,7 @@ class Run:
             metrics["placement"], self._placement_due = self.placement, False
         with stopping.deferred():
             self.log.write({"step": step, **metrics})
+        FailureWatch.of(self).observe(step, metrics)  # every episode failing the same way ends the run
         return last
 
 
