@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--enable-memory-saver", action="store_true", help="CUDA only: use torch_memory_saver")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--null-model", default=None, metavar="SCRIPT.json",
+                   help="answer from a script at once instead of running the model (agentrl.engine.null_model): "
+                        "the host cost of serving alone, for benchmarks")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -65,8 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         enable_memory_saver=args.enable_memory_saver,
+        lean_decode=False if args.null_model else None,
     )
-    engine = Engine(config)
+    runner = None
+    if args.null_model:
+        from agentrl.engine.null_model import NullRunner, NullScript
+
+        try:
+            runner = NullRunner(config.model_path, NullScript.load(args.null_model))
+        except ValueError as exc:
+            parser.error(str(exc))
+    engine = Engine(config, runner=runner)
     uvicorn.run(create_app(engine, secret=secret), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 

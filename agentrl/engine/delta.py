@@ -355,9 +355,6 @@ def apply_delta(
     :class:`DeltaError` subclass -- and leaves every tensor unchanged -- on corrupt, out-of-order or
     mismatched payloads. Returns the header (``new_version`` is the version now held).
     """
-    import torch
-    import zstandard
-
     raw_header, body = _unframe(payload)
     header = _parse_header(raw_header)
     if base_version is not None and header.base_version != base_version:
@@ -365,18 +362,28 @@ def apply_delta(
             f"out-of-order delta: it turns version {header.base_version!r} into {header.new_version!r}, "
             f"but the engine holds version {base_version!r}"
         )
+    planned = _plan_all(header, _decompress(header, body), named_params)  # phase 1: verify; nothing written
+    _write_all(planned)  # phase 2: write, verify the result, undo everything on a mismatch
+    return header
+
+
+def _decompress(header: DeltaHeader, body: bytes | memoryview) -> memoryview:
+    import zstandard
+
     try:
         plain = zstandard.ZstdDecompressor().decompress(bytes(body), max_output_size=header.raw_body_len)
     except zstandard.ZstdError as exc:
         raise DeltaCorruptError(f"body does not decompress: {exc}") from None
     if len(plain) != header.raw_body_len:
         raise DeltaCorruptError(f"body decompressed to {len(plain)} bytes, header says {header.raw_body_len}")
-    plain_view = memoryview(plain)
+    return memoryview(plain)
 
-    # Phase 1: verify everything; nothing is written.
+
+def _plan_all(header: DeltaHeader, plain_view: memoryview, named_params: Mapping[str, torch.Tensor]) -> list[_Planned]:
+    """Every tensor's write, checked against the engine's tensors; tied weights (one storage) written once."""
     planned: list[_Planned] = []
     seen: set[str] = set()
-    by_storage: dict[tuple, TensorEntry] = {}  # tied weights share storage: write them once
+    by_storage: dict[tuple, TensorEntry] = {}
     offset = 0
     for entry in header.tensors:
         if entry.name in seen:
@@ -398,8 +405,13 @@ def apply_delta(
         planned.append(_plan(entry, param, sections))
     if offset != len(plain_view):
         raise DeltaCorruptError(f"{len(plain_view) - offset} trailing body bytes not claimed by any tensor")
+    return planned
 
-    # Phase 2: write bits, remembering how to undo; verify the result; undo everything on a mismatch.
+
+def _write_all(planned: list[_Planned]) -> None:
+    """Write every planned tensor, remembering how to undo; check the bits; undo everything on any failure."""
+    import torch
+
     undo: list[tuple[_Planned, torch.Tensor | None]] = []
     with torch.no_grad():
         try:
@@ -426,4 +438,3 @@ def apply_delta(
                 else:
                     p.target[p.index] = old
             raise
-    return header

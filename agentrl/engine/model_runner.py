@@ -776,30 +776,7 @@ class ModelRunner:
             return self._graphs[key]
         for old in [k for k in self._graphs if k[1] != batch.generation]:
             del self._graphs[old]
-        dev = self.device
-        with torch.inference_mode():
-            step: dict[str, Any] = {
-                "ids": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
-                "positions": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
-                "column": torch.zeros(1, dtype=torch.long, device=dev),
-                "graph": None,
-            }
-            if fused:
-                step.update(
-                    temps=torch.ones(bucket, dtype=torch.float32, device=dev),
-                    greedy=torch.zeros(bucket, dtype=torch.bool, device=dev),
-                    cols=torch.arange(batch.columns, device=dev),
-                    out=torch.zeros((2, bucket), dtype=torch.float64, device=dev),
-                    # a host buffer per step in flight (_replay adds them): one step's numbers are read while
-                    # later ones are still being copied
-                    host=[], done=[], busy=set(),
-                    blocked=torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev),
-                    open=torch.zeros((), dtype=self.dtype, device=dev),
-                    # the fused decoder's sampler: Philox key, stepped by every replay (from torch's generator)
-                    seed=torch.randint(0, 2**62, (1,), dtype=torch.long).to(dev),
-                )
-            else:
-                step["mask"] = torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev)
+        step = self._step_buffers(batch, bucket, fused)
         cache = _static_cache([k[:bucket] for k in batch.keys], [v[:bucket] for v in batch.values], step["column"])
 
         from agentrl.engine.attention import decode_limit
@@ -853,6 +830,36 @@ class ModelRunner:
         step["run"] = lambda: step.__setitem__("logits", run())
         step["forward"] = run_fused if fused else run
         self._graphs[key] = step
+        return step
+
+    def _step_buffers(self, batch: StaticBatchKV, bucket: int, fused: bool) -> dict[str, Any]:
+        """The static input buffers of a decode step (``fused``: also the sampler's and the in-place inputs')."""
+        import torch
+
+        dev = self.device
+        with torch.inference_mode():
+            step: dict[str, Any] = {
+                "ids": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                "positions": torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                "column": torch.zeros(1, dtype=torch.long, device=dev),
+                "graph": None,
+            }
+            if fused:
+                step.update(
+                    temps=torch.ones(bucket, dtype=torch.float32, device=dev),
+                    greedy=torch.zeros(bucket, dtype=torch.bool, device=dev),
+                    cols=torch.arange(batch.columns, device=dev),
+                    out=torch.zeros((2, bucket), dtype=torch.float64, device=dev),
+                    # a host buffer per step in flight (_replay adds them): one step's numbers are read while
+                    # later ones are still being copied
+                    host=[], done=[], busy=set(),
+                    blocked=torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev),
+                    open=torch.zeros((), dtype=self.dtype, device=dev),
+                    # the fused decoder's sampler: Philox key, stepped by every replay (from torch's generator)
+                    seed=torch.randint(0, 2**62, (1,), dtype=torch.long).to(dev),
+                )
+            else:
+                step["mask"] = torch.zeros((bucket, 1, 1, batch.columns), dtype=self.dtype, device=dev)
         return step
 
     def weights_moved(self) -> None:

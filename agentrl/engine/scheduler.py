@@ -371,6 +371,8 @@ class Scheduler:
             self._decode_step(pipeline=False)
 
     def _sample(self, logits, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
+        if isinstance(logits, tuple):  # the runner drew the tokens itself (null_model.NullRunner)
+            return logits
         from agentrl.engine.sampling import sample_next
 
         return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs],
