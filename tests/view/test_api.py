@@ -150,3 +150,21 @@ def test_a_path_that_is_no_run_is_refused(tmp_path) -> None:
         RunDir(tmp_path / "missing")
     with pytest.raises(RunDirError, match="not a run directory"):
         RunDir(tmp_path)
+
+
+def test_hover_facts_carry_logprobs_and_weights_and_trainer_logprobs_when_stored(run_dir, tmp_path) -> None:
+    row = json.loads((run_dir / "samples" / "step-1.jsonl").read_text().splitlines()[0])
+    n_resp = len(row["tokens"]) - row["response_start"]
+    row["metadata"]["trainer_logprobs"] = [-0.125] * n_resp
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "step-1.jsonl").write_text(json.dumps(row) + "\n")
+    html = client_for(tmp_path).get("/api/steps/1/samples/0").json()["html"]
+    trained = re.findall(r'<span class="tok" data-provenance="trained"[^>]*>', html)
+    assert len(trained) == sum(row["loss_mask"])
+    first = row["provenance"][1]  # the first model run: its first token's rollout log-prob and weights
+    lp = row["rollout_logprobs"][first[0] - row["response_start"]]
+    assert f'data-lp="{lp:.6g}"' in trained[0] and 'data-tlp="-0.125"' in trained[0]
+    assert f'data-wv="{first[4]}"' in trained[0] and "trainer log-prob -0.1250" in trained[0]
+    row["metadata"]["trainer_logprobs"] = [-0.125]  # not one per response token: not shown, not guessed
+    (tmp_path / "samples" / "step-1.jsonl").write_text(json.dumps(row) + "\n")
+    assert "data-tlp" not in client_for(tmp_path).get("/api/steps/1/samples/0").json()["html"]
