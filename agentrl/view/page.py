@@ -28,7 +28,9 @@ def render_page(*, title: str, data: Any = None, static_samples: str = "") -> st
     """The page; with ``data`` (see :mod:`agentrl.view.export`) it needs no server."""
     import html
 
-    values = {"/*STYLE*/": _asset("style.css"), "/*SCRIPT*/": _asset("app.js"), "<!--TITLE-->": html.escape(title),
+    from agentrl.view.tokens import provenance_css
+
+    values = {"/*STYLE*/": _asset("style.css") + provenance_css(), "/*SCRIPT*/": _asset("app.js"), "<!--TITLE-->": html.escape(title),
               "/*DATA*/": embed_json(data), "<!--SAMPLES-->": static_samples}
     # One pass over the template: a value (a run's name, a sample) is never searched for markers.
     return MARKERS.sub(lambda m: values[m.group(0)], _asset("index.html"))

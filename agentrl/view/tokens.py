@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from agentrl.trajectory.policies import DRIFT_CUT, FORKED
 from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT
 from agentrl.trajectory.sample import Sample
 
@@ -21,13 +22,26 @@ Decoder = Callable[[int], str]
 # output); every other token is named by its provenance source.
 TRAINED = "trained"
 UNTRAINED = "untrained"
-PROVENANCE_CLASSES: dict[str, str] = {
-    TRAINED: "model output, trained",
-    UNTRAINED: "model output, not trained (a later drift re-rendered it)",
-    PROMPT: "the first prompt",
-    CONTEXT: "tool results, user turns, template tokens",
-    REALIGNED_PROMPT: "a later prompt placed where held tokens drifted",
+# class -> (legend label, token CSS); keyed by the trajectory's own names, so a renamed source keeps its colour.
+PROVENANCE_STYLES: dict[str, tuple[str, str]] = {
+    TRAINED: ("model output, trained", "background: #b8f0b8"),
+    UNTRAINED: ("model output, not trained (a later drift re-rendered it)",
+                "background: #ffd8a8; text-decoration: line-through"),
+    PROMPT: ("the first prompt", "background: #e6e6e6; color: #555"),
+    CONTEXT: ("tool results, user turns, template tokens", "background: #cfe3ff"),
+    REALIGNED_PROMPT: ("a later prompt placed where held tokens drifted", "background: #e8d0ff"),
 }
+PROVENANCE_CLASSES: dict[str, str] = {name: label for name, (label, _) in PROVENANCE_STYLES.items()}
+DRIFT_STYLES: dict[str, str] = {DRIFT_CUT: "border-left-style: dashed", FORKED: "border-left-style: dotted"}
+
+
+def provenance_css() -> str:
+    """The colour of each provenance class and the mark of each drift outcome, as CSS rules."""
+    rules = [f'.tok[data-provenance="{name}"] {{ {css}; }}' for name, (_, css) in PROVENANCE_STYLES.items()]
+    rules += [f'.drift[data-drift="{name}"] {{ {css}; }}' for name, css in DRIFT_STYLES.items()]
+    return "\n".join(rules)
+
+
 TRAINER_LOGPROBS = "trainer_logprobs"  # optional metadata: the trainer's log-prob per response token
 
 

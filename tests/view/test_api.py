@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from agentrl.trajectory import CONTEXT, PROMPT, REALIGNED_PROMPT
+from agentrl.trajectory import CONTEXT, DRIFT_CUT, PROMPT, REALIGNED, REALIGNED_PROMPT
 from agentrl.trajectory.dump import load_decoder
 from agentrl.view.app import create_app
 from agentrl.view.filters import MAX_PAGE
@@ -39,7 +39,7 @@ def test_the_run_lists_steps_checkpoints_and_the_trajectory_names(run_dir) -> No
     assert [s["samples"] for s in client.get("/api/run").json()["steps"]] == [None, 3]  # read once shown
     assert run["checkpoints"] == {"steps": [0, 2], "latest": "step-2"}
     assert set(run["classes"]) == {TRAINED, UNTRAINED, PROMPT, CONTEXT, REALIGNED_PROMPT}
-    assert "cut" in run["outcomes"] and "truncated" in run["statuses"] and "no_tool_call" in run["stop_reasons"]
+    assert DRIFT_CUT in run["outcomes"] and "truncated" in run["statuses"] and "no_tool_call" in run["stop_reasons"]
     rows = client.get("/api/metrics").json()["rows"]
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[2]["rollout/reward_mean"] == pytest.approx(0.6)
 
@@ -60,7 +60,7 @@ def test_a_sample_renders_each_token_with_its_provenance(client, run_dir) -> Non
                 assert cls == source
         assert got["html"].count('class="drift"') == len(row["metadata"]["drift_points"])
     drifted = client.get("/api/steps/1/samples/2").json()
-    assert 'data-drift="cut"' in drifted["html"] and UNTRAINED in provenances(drifted["html"])
+    assert f'data-drift="{DRIFT_CUT}"' in drifted["html"] and UNTRAINED in provenances(drifted["html"])
     assert "calculator" in drifted["html"]  # token text from the run's own tokenizer
 
 
@@ -69,7 +69,7 @@ def test_filters_narrow_the_list(client) -> None:
         return [s["index"] for s in client.get("/api/steps/1/samples", params=params).json()["items"]]
 
     assert indexes() == [0, 1, 2]
-    assert indexes(outcome="cut") == [2] and indexes(outcome="realigned") == [1]
+    assert indexes(outcome=DRIFT_CUT) == [2] and indexes(outcome=REALIGNED) == [1]
     assert indexes(reward_min=0.75) == [0, 1] and indexes(reward_max=0.75) == [2]  # rewards 1, 1, 0.5
     assert indexes(q="CORRECT") == [0, 1, 2] and indexes(q="no such text") == []
     assert indexes(stop_reason="no_tool_call") == [0, 1, 2] and indexes(status="aborted") == []

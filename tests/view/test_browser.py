@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.trajectory import DRIFT_CUT
 from agentrl.trajectory.dump import load_decoder
 from agentrl.view.app import create_app
 from agentrl.view.export import export_html
@@ -67,10 +68,10 @@ def _check_page(page, shots: Path, name: str) -> None:
     assert page.locator("#curve svg polyline[data-key='rollout/reward_mean']").count() == 1
     points = page.locator("#curve svg polyline[data-key='eval_accuracy']").get_attribute("points")
     assert len(points.split()) == 3  # steps 0, 1, 2
-    # A filter narrows the list: outcome "cut" keeps the one truncated-policy sample of 3.
+    # A filter narrows the list: the drift outcome "cut" keeps the one truncate-policy sample of 3.
     rows = page.locator("#samples tbody tr")
     expect(rows).to_have_count(3)
-    page.select_option("#filters select[name='outcome']", "cut")
+    page.select_option("#filters select[name='outcome']", DRIFT_CUT)
     expect(rows).to_have_count(1)
     page.select_option("#filters select[name='outcome']", "")
     expect(rows).to_have_count(3)

@@ -14,6 +14,7 @@ import pytest
 
 from agentrl.cli import main as agentrl
 from agentrl.view.cli import is_loopback
+from agentrl.view.tokens import PROVENANCE_CLASSES
 
 
 class Tokens(HTMLParser):
@@ -39,7 +40,7 @@ def test_export_writes_one_self_contained_file(run_dir, tmp_path, capsys) -> Non
     parsed.feed(out.read_text())
     rows = [json.loads(line) for step in (1, 2) for line in (run_dir / "samples" / f"step-{step}.jsonl").open()]
     assert len(parsed.provenance) == sum(len(r["tokens"]) for r in rows)
-    assert {"trained", "context", "prompt", "realigned", "untrained"} == set(parsed.provenance)
+    assert set(parsed.provenance) == set(PROVENANCE_CLASSES)  # every class: trained, untrained, prompt, context, ...
     assert parsed.external == []  # no CDN, no asset beside the file
     assert agentrl(["view", str(run_dir), "--export", str(out), "--max-samples", "1"]) == 0
     fewer = Tokens()
