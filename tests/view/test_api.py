@@ -95,6 +95,7 @@ def test_a_step_of_10k_samples_is_served_in_bounded_pages(tmp_path) -> None:
     assert client.get("/api/steps/5/samples", params={"limit": MAX_PAGE + 1}).status_code == 422
     assert client.get("/api/steps/5/samples", params={"limit": 10**12}).status_code == 422
     assert client.get("/api/steps/5/samples", params={"offset": -1}).status_code == 422
+    assert client.get("/api/steps/5/samples", params={"q": "x" * 201}).status_code == 422  # bounded search
     assert client.get("/api/steps/5/samples/9999").json()["summary"]["session_id"] == "s9999"
 
 
