@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +63,59 @@ def _check_args(args: argparse.Namespace) -> str | None:
     return model_and_port_problem(args.model, args.port)
 
 
+def _wait_healthy(engines: list, stop: threading.Event, deadline: float) -> bool:
+    """Wait until every engine is healthy (True) or ``stop`` is set (False); ``EngineStartError`` for one
+    that died or missed ``deadline`` (a monotonic time)."""
+    from agentrl.engine.launch import EngineStartError
+
+    for engine in engines:
+        while not stop.is_set():
+            try:
+                engine.wait_healthy(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                break
+            except EngineStartError:
+                if not engine.alive:  # it may have died just after a 1 s poll timed out: say so
+                    code = engine.proc.returncode if engine.proc else None
+                    raise EngineStartError(f"engine exited with code {code} before becoming healthy:\n"
+                                           f"{engine.log_tail()}") from None
+                if time.monotonic() > deadline:
+                    raise
+        if stop.is_set():
+            return False
+    return True
+
+
+def _report(url: str, what: str) -> None:
+    print(f"agentrl serve: engine {url}: {what}", file=sys.stderr, flush=True)
+
+
+def _serve(args: argparse.Namespace, engines: list, secret: str, threads: int, stop: threading.Event,
+           running: dict[str, Any]) -> int:
+    """Start the engines and the router, print its URL and serve until ``stop``; the exit status.
+    What was started is put in ``running`` (``router``, ``watch``) for the caller to stop."""
+    from agentrl.rollout.router import EngineWatch, SmgRouter
+
+    for engine in engines:  # all start at once; loading overlaps
+        engine.start()
+    deadline = time.monotonic() + args.startup_timeout
+    if not _wait_healthy(engines, stop, deadline):
+        return 130
+    router = running["router"] = SmgRouter([e.url for e in engines], host=args.host, port=args.port,
+                                           extra_args=shlex.split(args.router_args), secret=secret)
+    router.start(timeout=max(10.0, deadline - time.monotonic()))
+    print(router.url, flush=True)
+    print(f"agentrl serve: router {router.url} -> engines {', '.join(e.url for e in engines)} "
+          f"({threads} thread(s) each); Ctrl-C stops all", file=sys.stderr, flush=True)
+    # Runs in this (main) thread's lifetime: engines it restarts are tied to its thread, which lives
+    # until the caller's finally clause.
+    running["watch"] = EngineWatch(router, engines, restart=args.restart_dead_engines, on_event=_report).start()
+    while not stop.wait(0.5):
+        if not router.alive:
+            print(f"agentrl serve: router exited:\n{router.log_tail(2000)}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     problem = _check_args(args)
@@ -70,13 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from agentrl.engine.auth import run_secret
-    from agentrl.engine.launch import (
-        EngineProcess,
-        EngineStartError,
-        non_loopback_warning,
-        threads_per_engine,
-    )
-    from agentrl.rollout.router import EngineWatch, SmgRouter
+    from agentrl.engine.launch import EngineProcess, non_loopback_warning, threads_per_engine
 
     warning = non_loopback_warning(args.host)
     if warning:
@@ -92,54 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     threads = threads_per_engine(args.engines, args.cpus)
     engines = [EngineProcess(model_dir, host=args.host, dtype=args.dtype, extra_args=shlex.split(args.engine_args),
                              secret=secret, threads=threads) for _ in range(args.engines)]
-    router: SmgRouter | None = None
-    watch: EngineWatch | None = None
+    running: dict[str, Any] = {}
     try:
-        for engine in engines:  # all start at once; loading overlaps
-            engine.start()
-        deadline = time.monotonic() + args.startup_timeout
-        for engine in engines:
-            while not stop.is_set():
-                try:
-                    engine.wait_healthy(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
-                    break
-                except EngineStartError:
-                    if not engine.alive:  # it may have died just after a 1 s poll timed out: say so
-                        code = engine.proc.returncode if engine.proc else None
-                        raise EngineStartError(f"engine exited with code {code} before becoming healthy:\n"
-                                               f"{engine.log_tail()}") from None
-                    if time.monotonic() > deadline:
-                        raise
-            if stop.is_set():
-                return 130
-        router = SmgRouter([e.url for e in engines], host=args.host, port=args.port,
-                           extra_args=shlex.split(args.router_args), secret=secret)
-        router.start(timeout=max(10.0, deadline - time.monotonic()))
-        print(router.url, flush=True)
-        print(f"agentrl serve: router {router.url} -> engines {', '.join(e.url for e in engines)} "
-              f"({threads} thread(s) each); Ctrl-C stops all", file=sys.stderr, flush=True)
-
-        def report(url: str, what: str) -> None:
-            print(f"agentrl serve: engine {url}: {what}", file=sys.stderr, flush=True)
-
-        # Runs in this (main) thread's lifetime: engines it restarts are tied to its thread, which lives
-        # until the finally clause below.
-        watch = EngineWatch(router, engines, restart=args.restart_dead_engines, on_event=report).start()
-        while not stop.wait(0.5):
-            if not router.alive:
-                print(f"agentrl serve: router exited:\n{router.log_tail(2000)}", file=sys.stderr)
-                return 1
-        return 0
+        return _serve(args, engines, secret, threads, stop, running)
     except Exception as exc:  # startup failed: say why, then clean up below
         print(f"agentrl serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
         # Ignore further Ctrl-C while children are being stopped, so none is left behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if watch is not None:
-            watch.stop()
-        if router is not None:
-            router.stop()
+        for name in ("watch", "router"):
+            if name in running:
+                running[name].stop()
         for engine in engines:
             engine.stop()
         for sig, handler in previous.items():

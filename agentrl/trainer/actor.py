@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,30 @@ def _refuse_non_finite(samples: Sequence[Any], what: str, values: Sequence[Seque
             bad = next((j for j, x in enumerate(row) if not math.isfinite(x)), None)
             where = f"[{bad}] is {row[bad]}" if bad is not None else " overflows"
             raise ValueError(f"{_who(samples, i)}: {what}{where}; the batch is refused, nothing was trained")
+
+
+def _checked_rewards(samples: Sequence[Any], reward_key: str | None) -> list[float]:
+    """Each sample's reward, after validating the samples and refusing a non-finite reward or rollout
+    log-prob (naming the sample)."""
+    for i, s in enumerate(samples):
+        validate_sample(s, i)
+    rewards = [sample_reward(s, reward_key) for s in samples]
+    _refuse_non_finite(samples, "reward", [[r] for r in rewards])
+    _refuse_non_finite(samples, "rollout_logprobs", [sample_field(s, "rollout_logprobs") or [] for s in samples])
+    return rewards
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """What every mini-batch of one train step reads: the (credited) global batch, its advantages, the
+    behaviour and reference log-probs per global sample index, and the loss settings."""
+
+    samples: list[Any]
+    advantages: list[float]
+    old_from_train: bool  # behaviour log-probs are the training forward's own (detached)
+    old_by_sample: dict[int, torch.Tensor] | None
+    ref_by_sample: dict[int, torch.Tensor] | None
+    loss_cfg: Any
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -398,110 +423,139 @@ class MegatronTrainer:
         ``nonfinite_steps``; ``skipped: 1`` when no step of the batch was taken."""
         cfg = self.config
         samples = list(samples)
-        for i, s in enumerate(samples):
-            validate_sample(s, i)
-        rewards = [sample_reward(s, cfg.reward_key) for s in samples]
-        _refuse_non_finite(samples, "reward", [[r] for r in rewards])
-        _refuse_non_finite(samples, "rollout_logprobs", [sample_field(s, "rollout_logprobs") or [] for s in samples])
-        groups = [sample_field(s, "group_id") for s in samples]
-        metrics_out: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1),
-                                         "n_samples": float(len(samples))}
+        rewards = _checked_rewards(samples, cfg.reward_key)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
+        groups = [sample_field(s, "group_id") for s in samples]
+        metrics: dict[str, float] = {"reward_mean": sum(rewards) / max(len(rewards), 1),
+                                     "n_samples": float(len(samples))}
         # With KL in the reward the advantages need the forward below; otherwise they are known now.
-        advantages = None if cfg.kl_in_reward else self.advantage_fn(reward_t, groups).tolist()
-        if advantages is not None:
-            _refuse_non_finite(samples, "advantage", [[a] for a in advantages])
+        advantages = None if cfg.kl_in_reward else self._advantages(samples, reward_t, groups, "advantage")
         if len(samples) < self.dp_size or (advantages is not None and not any(advantages)):
-            return self._skip(metrics_out)
+            return self._skip(metrics)
 
         local = self._local_indices(len(samples), self.dp_rank)
-        local_samples = [samples[i] for i in local]
-
-        # Behaviour / reference log-probs before any update (one forward over the local slice). With one
-        # mini-batch and no KL in the reward, the training forward itself runs at these weights on these
-        # micro-batches: its detached log-probs are the behaviour log-probs (the same values), one
-        # forward fewer.
-        mbs = self._micro_batches(local_samples)
+        mbs = self._micro_batches([samples[i] for i in local])
         chunks = self._minibatch_chunks(local, len(samples))
         old_from_train = self._old_from_train_forward(len(chunks))
-        # Only the trained tokens' values are read (the losses, ratios and metrics are masked).
-        old = (None if old_from_train else self._logprobs_per_mb(self.model, mbs, True) if cfg.old_logprobs == "train"
-               else [mb.rollout_logprobs.to(self.device) for mb in mbs])
-        ref = self._logprobs_per_mb(self.ref_model, mbs, True) if self.ref_model is not None else None
+        old, ref = self._behaviour_and_reference(mbs, old_from_train)
         if cfg.kl_in_reward:
             if ref is None:
                 raise ValueError("kl_in_reward needs loss.kl_coef > 0 (it sets the coefficient)")
             adjusted = self._rewards_with_kl(reward_t, mbs, old, ref, local)
-            metrics_out["kl_reward_penalty"] = float((reward_t - adjusted).mean())
-            advantages = self.advantage_fn(adjusted, groups).tolist()
-            _refuse_non_finite(samples, "advantage (KL in the reward)", [[a] for a in advantages])
+            metrics["kl_reward_penalty"] = float((reward_t - adjusted).mean())
+            advantages = self._advantages(samples, adjusted, groups, "advantage (KL in the reward)")
         if self.credit_fn is not None:
-            before = sum(sum(sample_field(s, "loss_mask")) for s in samples)
-            samples = _narrowed(samples, self.credit_fn(samples, advantages))
-            metrics_out["credit_withheld_tokens"] = float(before - sum(sum(sample_field(s, "loss_mask"))
-                                                                       for s in samples))
+            samples, metrics["credit_withheld_tokens"] = self._credited(samples, advantages)
 
-        old_by_sample = self._per_sample(mbs, old, local) if old is not None else None
-        ref_by_sample = self._per_sample(mbs, ref, local) if ref is not None else None
-
-        # With KL in the reward, the loss must not add it a second time.
-        loss_cfg = cfg.loss.model_copy(update={"kl_coef": 0.0}) if cfg.kl_in_reward else cfg.loss
+        plan = _StepPlan(
+            samples=samples, advantages=advantages, old_from_train=old_from_train,
+            old_by_sample=self._per_sample(mbs, old, local) if old is not None else None,
+            ref_by_sample=self._per_sample(mbs, ref, local) if ref is not None else None,
+            # With KL in the reward, the loss must not add it a second time.
+            loss_cfg=cfg.loss.model_copy(update={"kl_coef": 0.0}) if cfg.kl_in_reward else cfg.loss,
+        )
         totals: dict[str, float] = {}
-        token_weight = 0.0
-        nonfinite = 0
+        token_weight, nonfinite = 0.0, 0
         for chunk_no, chunk in enumerate(chunks):
-            chunk_samples = [samples[i] for i in chunk]
-            # Global denominators: this mini-batch across all data-parallel ranks.
-            peers = [self._minibatch_chunks(self._local_indices(len(samples), r), len(samples))[chunk_no]
-                     for r in range(self.dp_size)]
-            n_seqs = float(sum(len(p) for p in peers))
-            n_tokens = float(sum(sum(sample_field(samples[i], "loss_mask")) for p in peers for i in p))
-            self.model.train()
-            self.model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            chunk_loss = 0.0
-            for mb in self._micro_batches(chunk_samples, [advantages[i] for i in chunk]):
-                ids = [chunk[j] for j in mb.index]
-                ref_lp = _pad_rows([ref_by_sample[i] for i in ids], mb.tokens.shape[1]) if ref_by_sample else None
-                lp, entropy = self._logprobs_entropy(self.model, mb, entropy_grad=loss_cfg.entropy_coef != 0,
-                                                     trained_only=True)
-                old_lp = lp.detach() if old_from_train else _pad_rows([old_by_sample[i] for i in ids], mb.tokens.shape[1])
-                has_rollout = all(sample_field(chunk_samples[j], "rollout_logprobs") for j in mb.index)
-                loss, m = policy_loss(
-                    lp, old_lp, mb.advantages, mb.loss_mask, loss_cfg,
-                    rollout_logprobs=mb.rollout_logprobs if has_rollout else None,
-                    ref_logprobs=ref_lp if not cfg.kl_in_reward else None,
-                    entropy=entropy, n_tokens=max(n_tokens, 1.0), n_seqs=max(n_seqs, 1.0),
-                )
-                # DDP averages gradients over data-parallel ranks; the denominators are already global.
-                (loss * self.dp_size).backward()
-                w = float(mb.n_tokens)
-                token_weight += w
-                chunk_loss += float(loss.detach())
-                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
-                for k, v in m.items():
-                    if k != "pg_loss":
-                        accumulate_metric(totals, k, float(v), w)
-            # Scheduler first: optimizer step n runs at lr(n), so a warm-up's first step is not at lr(0) = 0.
-            self.scheduler.step(increment=1)
-            lr = float(self.optimizer.param_groups[0]["lr"])
-            with cuda_to_cpu():
-                self.model.finish_grad_sync()
-                if self._all_finite(chunk_loss):
-                    _, grad_norm, _ = self.optimizer.step()
-                else:
-                    nonfinite, grad_norm = nonfinite + 1, float("nan")
+            weight, finite, grad_norm, lr = self._train_minibatch(plan, chunk_no, chunk, totals)
+            token_weight += weight
+            nonfinite += not finite
         self.step += 1
         if nonfinite:
-            metrics_out["nonfinite_steps"] = float(nonfinite)
+            metrics["nonfinite_steps"] = float(nonfinite)
             if nonfinite == len(chunks):
-                metrics_out["skipped"] = 1.0
-        metrics_out.update(self._reduce_metrics(totals, token_weight))
-        metrics_out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
-        metrics_out["lr"] = lr
-        metrics_out["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
-        metrics_out["step"] = float(self.step)
-        return metrics_out
+                metrics["skipped"] = 1.0
+        metrics.update(self._reduce_metrics(totals, token_weight))
+        metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["lr"] = lr
+        metrics["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
+        metrics["step"] = float(self.step)
+        return metrics
+
+    def _advantages(self, samples: list[Any], rewards: torch.Tensor, groups: list[Any], what: str) -> list[float]:
+        """``advantage_fn`` of ``rewards`` per group, refused (naming the sample) if any is not finite."""
+        advantages = self.advantage_fn(rewards, groups).tolist()
+        _refuse_non_finite(samples, what, [[a] for a in advantages])
+        return advantages
+
+    def _behaviour_and_reference(self, mbs: list[MicroBatch], old_from_train: bool):
+        """Behaviour (``old``) and reference log-probs per micro-batch of the local slice, before any update.
+
+        With one mini-batch and no KL in the reward (``old_from_train``), the training forward itself runs
+        at these weights on these micro-batches: its detached log-probs are the behaviour log-probs (the
+        same values), one forward fewer, and ``old`` is None. Only trained tokens' values are computed
+        (the losses, ratios and metrics are masked)."""
+        if old_from_train:
+            old = None
+        elif self.config.old_logprobs == "train":
+            old = self._logprobs_per_mb(self.model, mbs, True)
+        else:
+            old = [mb.rollout_logprobs.to(self.device) for mb in mbs]
+        ref = self._logprobs_per_mb(self.ref_model, mbs, True) if self.ref_model is not None else None
+        return old, ref
+
+    def _credited(self, samples: list[Any], advantages: list[float]) -> tuple[list[Any], float]:
+        """``credit_fn``'s samples (loss masks only narrowed) and how many trained tokens it withheld."""
+        before = sum(sum(sample_field(s, "loss_mask")) for s in samples)
+        after = _narrowed(samples, self.credit_fn(samples, advantages))
+        return after, float(before - sum(sum(sample_field(s, "loss_mask")) for s in after))
+
+    def _global_denominators(self, samples: list[Any], chunk_no: int) -> tuple[float, float]:
+        """``(sequences, trained tokens)`` of mini-batch ``chunk_no`` across all data-parallel ranks."""
+        n = len(samples)
+        peers = [self._minibatch_chunks(self._local_indices(n, r), n)[chunk_no] for r in range(self.dp_size)]
+        n_seqs = float(sum(len(p) for p in peers))
+        n_tokens = float(sum(sum(sample_field(samples[i], "loss_mask")) for p in peers for i in p))
+        return max(n_seqs, 1.0), max(n_tokens, 1.0)
+
+    def _train_minibatch(self, plan: _StepPlan, chunk_no: int, chunk: list[int],
+                         totals: dict[str, float]) -> tuple[float, bool, Any, float]:
+        """Accumulate gradients over mini-batch ``chunk``'s micro-batches and take one optimizer step
+        (not taken if its loss or a gradient is non-finite); metrics go into ``totals``. Returns
+        ``(trained tokens, step taken, grad norm, lr)``."""
+        n_seqs, n_tokens = self._global_denominators(plan.samples, chunk_no)
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        chunk_loss, token_weight = 0.0, 0.0
+        chunk_samples = [plan.samples[i] for i in chunk]
+        for mb in self._micro_batches(chunk_samples, [plan.advantages[i] for i in chunk]):
+            loss, m = self._micro_batch_loss(plan, mb, chunk, n_tokens, n_seqs)
+            # DDP averages gradients over data-parallel ranks; the denominators are already global.
+            (loss * self.dp_size).backward()
+            w = float(mb.n_tokens)
+            token_weight += w
+            chunk_loss += float(loss.detach())
+            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+            for k, v in m.items():
+                if k != "pg_loss":
+                    accumulate_metric(totals, k, float(v), w)
+        # Scheduler first: optimizer step n runs at lr(n), so a warm-up's first step is not at lr(0) = 0.
+        self.scheduler.step(increment=1)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        with cuda_to_cpu():
+            self.model.finish_grad_sync()
+            if not self._all_finite(chunk_loss):
+                return token_weight, False, float("nan"), lr
+            _, grad_norm, _ = self.optimizer.step()
+        return token_weight, True, grad_norm, lr
+
+    def _micro_batch_loss(self, plan: _StepPlan, mb: MicroBatch, chunk: list[int], n_tokens: float,
+                          n_seqs: float) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The policy loss (its share of the global mean) and metrics of one micro-batch of ``chunk``."""
+        ids = [chunk[j] for j in mb.index]
+        width = mb.tokens.shape[1]
+        ref_lp = _pad_rows([plan.ref_by_sample[i] for i in ids], width) if plan.ref_by_sample else None
+        lp, entropy = self._logprobs_entropy(self.model, mb, entropy_grad=plan.loss_cfg.entropy_coef != 0,
+                                             trained_only=True)
+        old_lp = lp.detach() if plan.old_from_train else _pad_rows([plan.old_by_sample[i] for i in ids], width)
+        has_rollout = all(sample_field(plan.samples[i], "rollout_logprobs") for i in ids)
+        return policy_loss(
+            lp, old_lp, mb.advantages, mb.loss_mask, plan.loss_cfg,
+            rollout_logprobs=mb.rollout_logprobs if has_rollout else None,
+            ref_logprobs=ref_lp if not self.config.kl_in_reward else None,
+            entropy=entropy, n_tokens=n_tokens, n_seqs=n_seqs,
+        )
 
     def _old_from_train_forward(self, n_chunks: int) -> bool:
         """Whether the behaviour log-probs can be the training forward's own: a fresh forward is asked for
