@@ -21,6 +21,12 @@ class PluginError(ImportError, ValueError):
     An ``ImportError`` (the module or attribute is missing) and a ``ValueError`` (a bad config value)."""
 
 
+class PluginTypeError(PluginError, TypeError):
+    """A plug-in path that names an object of the wrong kind (not callable, not the base class asked for).
+
+    Also a ``ValueError``, so config validation reports it with the key's path like any bad value."""
+
+
 def split_path(path: str) -> tuple[str, str]:
     """``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` -> (module, attribute path); ``PluginError`` if neither."""
     if not isinstance(path, str) or not path.strip():
@@ -52,10 +58,10 @@ def load_object(path: str) -> Any:
 
 
 def load_function(path: str) -> Callable[..., Any]:
-    """The callable at ``path`` (a function or a class); ``TypeError`` if the object is not callable."""
+    """The callable at ``path`` (a function or a class); :class:`PluginTypeError` if it is not callable."""
     obj = load_object(path)
     if not callable(obj):
-        raise TypeError(f"{path!r} is a {type(obj).__name__}, not a function")
+        raise PluginTypeError(f"{path!r} is a {type(obj).__name__}, not a function")
     return obj
 
 
@@ -69,7 +75,7 @@ def resolve(name_or_path: Any, builtins: Mapping[str, Any], *, what: str, base: 
     if isinstance(name_or_path, type) and (base is None or issubclass(name_or_path, base)):
         return name_or_path
     if not isinstance(name_or_path, str):
-        raise TypeError(f"{what} must be one of {sorted(builtins)} or a 'module:attr' path, "
+        raise PluginTypeError(f"{what} must be one of {sorted(builtins)} or a 'module:attr' path, "
                         f"got {type(name_or_path).__name__}")
     if name_or_path in builtins:
         target = builtins[name_or_path]
@@ -79,5 +85,5 @@ def resolve(name_or_path: Any, builtins: Mapping[str, Any], *, what: str, base: 
     else:
         raise PluginError(f"unknown {what} {name_or_path!r}; choose from {sorted(builtins)} or give 'module:attr'")
     if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
-        raise TypeError(f"{what} {name_or_path!r} is not a {base.__name__} subclass")
+        raise PluginTypeError(f"{what} {name_or_path!r} is not a {base.__name__} subclass")
     return obj

@@ -42,9 +42,9 @@ def build_model(shape: str, dtype, device: str, seed: int = 0):
 
 
 def make_sender(mode: str, url: str):
-    from agentrl.weights.broadcast_sync import BroadcastSync
     from agentrl.weights.delta_sync import DeltaSync
-    from agentrl.weights.tensor_sync import TensorSync
+    from agentrl.weights.sync import BroadcastSync
+    from agentrl.weights.transports.tensor import TensorSync
 
     if mode == "ipc":
         return TensorSync([url], transport="cuda_ipc")

@@ -1,8 +1,9 @@
 """``agentrl check-weight-sync``: take K optimizer steps, sync each into a real engine, compare bits.
 
 Loads ``--model`` into a trainer and into an embedded engine process, then K times: one optimizer step,
-one sync in ``--mode`` (``disk``, ``tensor``, ``broadcast``, ``delta``; ``--transport`` picks how
-``tensor`` and ``delta`` move their bytes, e.g. ``--mode delta --transport broadcast``) as version ``step-k``. Finally
+one sync in ``--mode`` (a payload, ``full`` or ``delta``, or a preset ``disk``, ``tensor``, ``broadcast``;
+``--transport`` picks how the bytes move, e.g. ``--mode delta --transport broadcast``, and the ``tensor``
+preset reads it as its handles, e.g. ``--mode tensor --transport cuda_ipc``) as version ``step-k``. Finally
 it compares the engine's ``/weights_checksum`` with the same checksum of the trainer's exported HF
 tensors and prints one JSON line: ``bitwise_equal``, ``bytes_sent`` / ``full_bytes`` / ``seconds``
 (summed over the K syncs), ``weight_version`` (the engine's), plus per-sync details. Exit code 0 only
@@ -26,11 +27,6 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
-
-MODES = ("disk", "tensor", "broadcast", "delta")
-# ``--transport`` per mode (the sender's ``transport=`` option); modes not listed have a single transport
-TRANSPORTS = {"tensor": ("shm", "cuda_ipc", "safetensors"), "delta": ("disk", "broadcast")}
-
 
 class SyncableTrainer(Protocol):
     name: str
@@ -174,10 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl check-weight-sync", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="local HF model directory (e.g. from agentrl make-tiny-model)")
-    p.add_argument("--mode", required=True, choices=MODES)
+    from agentrl.weights.sync import MODES
+
+    p.add_argument("--mode", required=True, choices=sorted(MODES))
     p.add_argument("--transport", default=None,
-                   help="how the mode moves bytes: tensor: shm|cuda_ipc|safetensors; delta: disk|broadcast "
-                        "(default: the mode's default)")
+                   help="how the mode moves bytes: a transport that carries its payload (delta: disk|broadcast), "
+                        "or for the tensor preset its handles (shm|cuda_ipc|safetensors); default: the mode's")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps, each followed by one sync (>= 1)")
     p.add_argument("--trainer", default="megatron", choices=sorted(TRAINERS))
     p.add_argument("--lr", type=float, default=1e-4)
@@ -192,12 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         print("agentrl check-weight-sync: --steps must be >= 1", file=sys.stderr)
         return 2
-    if args.transport is not None and args.transport not in TRANSPORTS.get(args.mode, ()):
-        allowed = TRANSPORTS.get(args.mode)
-        hint = f"choose from {list(allowed)}" if allowed else f"mode {args.mode!r} has no --transport choice"
-        print(f"agentrl check-weight-sync: --transport {args.transport!r} does not fit --mode {args.mode}; {hint}",
-              file=sys.stderr)
-        return 2
+    if args.transport is not None:
+        from pydantic import ValidationError
+
+        from agentrl.weights.sync import sync_options
+
+        try:  # the payload and transport classes say what fits, before any model or engine loads
+            sync_options(args.mode, {"transport": args.transport})
+        except (ValueError, ImportError) as err:
+            why = "; ".join(e["msg"] for e in err.errors()) if isinstance(err, ValidationError) else str(err)
+            print(f"agentrl check-weight-sync: --transport {args.transport!r} does not fit --mode {args.mode}: {why}",
+                  file=sys.stderr)
+            return 2
     if not (Path(args.model) / "config.json").is_file():
         print(f"agentrl check-weight-sync: {args.model!r} is not an HF model directory (no config.json)", file=sys.stderr)
         return 2

@@ -395,14 +395,19 @@ def describe(record: dict[str, Any]) -> str:
     return f"{record['cluster']} cluster ({len(record['nodes'])} node(s)): " + "; ".join(parts)
 
 
-def sync_options_for(mode: str, options: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    """The trainer's sync options with the broadcast rendezvous on rank 0's node on a cluster (engines on
-    other nodes connect to it); as given otherwise."""
-    transport = options.get("transport", mode if mode == "broadcast" else None)
-    if plan.cluster == "connected" and transport == "broadcast" and "master_address" not in options:
-        return {**options, "master_address": plan.trainers[0].node_ip}
-    return dict(options)
+def sync_options_for(mode: str, options: Any, plan: Plan) -> dict[str, Any]:
+    """What the trainer's sender is made with: the options the user set, the transport named by its class
+    path (so the rank loads the class the driver resolved), and on a cluster the rendezvous of a transport
+    that needs one on rank 0's node (engines on other nodes connect to it) unless set."""
+    from agentrl.weights.sync import sync_options
+    from agentrl.weights.transport import class_path, transport_class
 
+    typed = sync_options(mode, options)
+    transport = transport_class(typed.transport)
+    out = {**typed.model_dump(exclude_unset=True), "transport": class_path(transport)}
+    if plan.cluster == "connected" and transport.needs_rendezvous and "master_address" not in typed.model_fields_set:
+        out["master_address"] = plan.trainers[0].node_ip
+    return out
 
 
 # -------------------------------------------------------------------------------------------- sync checks
@@ -412,36 +417,33 @@ class EngineSupportError(ValueError):
     """The weight sync asks for something the engines (or where they run) cannot do."""
 
 
-def _payload_and_transport(mode: str, options: dict[str, Any]) -> tuple[str, str | None]:
-    if mode in ("disk", "tensor", "broadcast"):
-        return "full", mode
-    return mode, options.get("transport", "disk" if mode in ("full", "delta") else None)
+def check_sync_support(mode: str, options: Any, kinds: dict[str, str]) -> None:
+    """Refuse a payload to engines that do not advertise the engine it needs (``/server_info``'s ``engine``;
+    the delta payload needs agentrl's routes, SGLang has none), naming them and what they do support."""
+    from agentrl.weights.sync import payload_class
 
-
-def check_sync_support(mode: str, options: dict[str, Any], kinds: dict[str, str]) -> None:
-    """Refuse a delta sync to engines that do not advertise agentrl's delta routes (``/server_info``'s
-    ``engine: agentrl-embedded``; SGLang has none), naming them and what they do support."""
-    payload, _ = _payload_and_transport(mode, options)
-    if payload != "delta":
-        return
-    other = {url: kind for url, kind in kinds.items() if kind != "agentrl-embedded"}
+    needs = payload_class(mode).needs_engine
+    other = {url: kind for url, kind in kinds.items() if needs is not None and kind != needs}
     if other:
         raise EngineSupportError(
-            f"sync_mode delta needs engines that advertise agentrl's delta routes; {other} do not. Use sync_mode "
+            f"sync_mode {mode} needs engines that advertise {needs}'s routes; {other} do not. Use sync_mode "
             "disk (their /update_weights_from_disk; sync_options.directory must be readable by every engine) or "
             "broadcast (/init_weights_update_group + /update_weights_from_distributed)")
 
 
-def check_reachable(mode: str, options: dict[str, Any], engines: list[dict[str, Any]], rank0: dict[str, Any]) -> None:
+def check_reachable(mode: str, options: Any, engines: list[dict[str, Any]], rank0: dict[str, Any]) -> None:
     """Refuse a host-local transport (the trainer's /dev/shm, shared memory, CUDA IPC) to an engine on
     another host: it could never read the weights."""
-    _, transport = _payload_and_transport(mode, options)
-    local_only = (transport == "disk" and "directory" not in options) or transport == "tensor" or mode == "tensor"
-    if not local_only:
+    from agentrl.weights.sync import sync_options
+    from agentrl.weights.transport import transport_class
+
+    typed = sync_options(mode, options)
+    transport = transport_class(typed.transport)
+    if transport.reaches_other_hosts(typed):
         return
     away = [e.get("url") for e in engines if e.get("node_ip") and e["node_ip"] != rank0.get("node_ip")]
     if away:
         raise EngineSupportError(
-            f"the {transport} weight transport only reaches engines on trainer rank 0's host ({rank0.get('node_ip')}); "
+            f"the {transport.label()} weight transport only reaches engines on trainer rank 0's host ({rank0.get('node_ip')}); "
             f"{away} run elsewhere. Set sync_options.directory to a directory every node mounts, or use "
             'sync_options {"transport": "broadcast"}')

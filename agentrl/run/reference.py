@@ -46,11 +46,14 @@ def _default(field: Any) -> str:
     return "(required)" if field.default is PydanticUndefined else json.dumps(field.default)
 
 
-def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+def _section(model: type[BaseModel], prefix: str, out: list[str], *, title: str | None = None,
+             skip: frozenset[str] = frozenset()) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
-    out += [f"\n## `{prefix or 'top level'}` ({model.__name__})\n", "| field | type | default | meaning |",
+    out += [f"\n## `{prefix or 'top level'}` ({title or model.__name__})\n", "| field | type | default | meaning |",
             "|---|---|---|---|"]
     for name, field in model.model_fields.items():
+        if name in skip:
+            continue
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((f"{prefix}{name}", annotation))
@@ -65,9 +68,25 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         _section(sub, f"{path}.", out)
 
 
+def _sync_option_sections(out: list[str]) -> None:
+    """``sync_options``: the keys every payload takes, each payload's and each built-in transport's own."""
+    from agentrl.weights.sync import MODES, PayloadOptions, payload_class
+    from agentrl.weights.transport import TRANSPORTS, TransportOptions, transport_class
+
+    _section(PayloadOptions, "sync_options.", out, title="every payload")
+    for name in MODES:
+        options = payload_class(name).Options
+        if options is not PayloadOptions:
+            _section(options, "sync_options.", out, title=f"the {name} payload", skip=frozenset(PayloadOptions.model_fields))
+    for name in TRANSPORTS:
+        _section(transport_class(name).Options, "sync_options.", out, title=f"transport: {name}",
+                 skip=frozenset(TransportOptions.model_fields))
+
+
 def config_reference() -> str:
     out = [HEADER.rstrip()]
     _section(RunConfig, "", out)
+    _sync_option_sections(out)
     return "\n".join(out) + "\n"
 
 

@@ -22,7 +22,8 @@ class TrainerConfig(Settings):
 
     # parallelism / numerics
     tp_size: int = Field(1, ge=1, description="tensor-parallel size")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter and compute dtype")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="the policy's parameter and compute dtype, "
+                                                  "in the trainer and in the engines (a weight sync copies its bits)")
     attention: Literal["auto", "sdpa", "local", "te"] = Field("auto", description="core attention backend")
     seed: int = Field(1234, description="Megatron RNG seed")
     recompute: bool = Field(False, description="full activation recomputation (memory for compute)")

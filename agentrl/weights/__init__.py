@@ -12,9 +12,8 @@ reports the version. A sync is a *payload* (what is sent) over a *transport* (ho
 * :mod:`~agentrl.weights.sync` -- :class:`~agentrl.weights.sync.WeightSync` (payload base), the ``full``
   payload and :func:`~agentrl.weights.sync.make_sync`; :mod:`~agentrl.weights.delta_sync` -- the
   ``delta`` payload. The historical modes ``disk``, ``tensor``, ``broadcast`` are ``full`` presets.
-* :mod:`~agentrl.weights.transport` -- the transport interface; one module per transport:
-  :mod:`~agentrl.weights.disk_sync`, :mod:`~agentrl.weights.tensor_sync` (full only),
-  :mod:`~agentrl.weights.broadcast_sync`.
+* :mod:`~agentrl.weights.transport` -- the transport interface, its typed options and the registry; one
+  module per transport in :mod:`~agentrl.weights.transports`: ``disk``, ``tensor`` (full only), ``broadcast``.
 * Every sender takes ``router_url=`` (an smg router with ``--enable-rl``) to send same-body update calls
   through the router's RL fan-out instead of to each engine (:mod:`~agentrl.weights.engines`).
 * :mod:`~agentrl.weights.bucket` -- flattened per-dtype buckets; :mod:`~agentrl.weights.delta` -- the delta

@@ -19,44 +19,43 @@ snapshot, so the next one is full again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
+from agentrl.engine.weight_loading import EMBEDDED_ENGINE
 from agentrl.weights.delta import Snapshot, encode_delta
 from agentrl.weights.engines import CallResult
-from agentrl.weights.sync import SyncReport, WeightSync
-from agentrl.weights.transport import Transport, WeightSyncError
+from agentrl.weights.sync import PayloadOptions, SyncReport, WeightSync
+from agentrl.weights.transport import WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_SNAPSHOT_BUDGET = 8 << 30
+
+class DeltaOptions(PayloadOptions):
+    """The ``delta`` payload's own options."""
+
+    snapshot_budget_bytes: int = Field(8 << 30, ge=0, description="bytes of the last acknowledged weights kept to diff "
+                                       "against; tensors beyond it travel raw")
+    snapshot_device: str | None = Field("cpu", description="where the snapshot lives (null: next to the trainer's tensors, "
+                                        "e.g. on the GPU for a fast diff)")
+    encoding: Literal["auto", "int32", "gap16", "gap32", "xor", "raw"] = Field("auto", description="how changed positions are coded")
+    level: int = Field(1, ge=1, le=22, description="zstd level (1: on bf16 deltas as small as 3, and 3x faster)")
 
 
 class DeltaSync(WeightSync):
-    """``delta`` (see module doc); the options it does not name go to the transport.
-
-    ``encoding``: ``auto`` or one of ``int32``, ``gap16``, ``gap32``, ``xor``, ``raw``. ``level``: zstd
-    level (default 1: on bf16 deltas as small as level 3, and 3x faster). ``snapshot_device``: where the
-    snapshot lives (``None``: next to the trainer's tensors, e.g. on the GPU for a fast diff).
-    """
+    """``delta`` (see module doc); its options are :class:`DeltaOptions` plus the transport's."""
 
     payload = "delta"
+    Options = DeltaOptions
+    needs_engine = EMBEDDED_ENGINE  # the delta routes are agentrl's engine's (SGLang has none)
 
-    def __init__(
-        self,
-        engine_urls: Sequence[str],
-        *,
-        transport: str | type[Transport] = "disk",
-        snapshot_budget_bytes: int = DEFAULT_SNAPSHOT_BUDGET,
-        snapshot_device: str | None = "cpu",
-        encoding: str = "auto",
-        level: int = 1,
-        **options: Any,
-    ) -> None:
-        super().__init__(engine_urls, transport=transport, **options)
-        self.snapshot = Snapshot(snapshot_budget_bytes, device=snapshot_device)
-        self.encoding = encoding
-        self.level = level
+    def __init__(self, engine_urls: Sequence[str], **values: Any) -> None:
+        super().__init__(engine_urls, **values)
+        self.snapshot = Snapshot(self.options.snapshot_budget_bytes, device=self.options.snapshot_device)
+        self.encoding = self.options.encoding
+        self.level = self.options.level
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
         try:

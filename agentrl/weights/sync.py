@@ -9,37 +9,58 @@ produced it.
 Payloads are :class:`WeightSync` subclasses: ``full`` (:class:`FullSync`, every tensor) and ``delta``
 (:class:`~agentrl.weights.delta_sync.DeltaSync`, the changed bits, zstd-compressed). Each takes
 ``transport=`` (:mod:`agentrl.weights.transport`: ``disk``, ``tensor``, ``broadcast`` or a path of your
-own) and passes the options it does not use itself to the transport. The historical mode names are
-full-weight presets: ``disk``, ``tensor`` and ``broadcast`` are ``full`` over that transport.
+own) and the options of both, validated together by :func:`sync_options` (one flat model: the payload's
+``Options`` and the transport's, so an unknown key names the nearest valid one). The historical mode
+names are full-weight presets: ``disk``, ``tensor`` and ``broadcast`` are ``full`` over that transport.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agentrl.plugins import resolve
+from pydantic import Field, create_model
+
+from agentrl.plugins import load_object, resolve
+from agentrl.settings import Settings
 from agentrl.weights.bucket import unique_named_tensors
 from agentrl.weights.engines import EngineCallError, EngineClient
-from agentrl.weights.transport import Transport, WeightSyncError, build_transport
+from agentrl.weights.transport import (
+    DEFAULT_TRANSPORT,
+    Transport,
+    TransportOptions,
+    WeightSyncError,
+    builtin_transports,
+    class_path,
+    transport_class,
+)
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MODES", "FullSync", "SyncReport", "WeightSync", "WeightSyncError", "full_bytes", "make_sync"]
+__all__ = ["MODES", "FullSync", "PayloadOptions", "SyncReport", "TransportOptions", "WeightSync", "WeightSyncError",
+           "full_bytes", "make_sync", "options_model", "payload_class", "sync_options"]
 
 MODES: dict[str, str] = {
     "full": "agentrl.weights.sync:FullSync",
     "delta": "agentrl.weights.delta_sync:DeltaSync",
     # historical names: full weights over the transport of the same name
-    "disk": "agentrl.weights.disk_sync:DiskSync",
-    "tensor": "agentrl.weights.tensor_sync:TensorSync",
-    "broadcast": "agentrl.weights.broadcast_sync:BroadcastSync",
+    "disk": "agentrl.weights.sync:DiskSync",
+    "tensor": "agentrl.weights.transports.tensor:TensorSync",
+    "broadcast": "agentrl.weights.sync:BroadcastSync",
 }
-DEFAULT_TRANSPORT = "disk"
+
+
+class PayloadOptions(Settings):
+    """Options every payload takes (a payload's own ``Options`` add to them)."""
+
+    timeout: float = Field(600.0, gt=0, description="seconds one engine call may take")
+    router_url: str | None = Field(None, description="an smg router (--enable-rl) in front of the engines: update calls "
+                                                     "that are the same for every engine go through its RL fan-out")
 
 
 @dataclass
@@ -66,29 +87,44 @@ class WeightSync:
     :meth:`_push`.
 
     ``transport``: a name of :data:`agentrl.weights.transport.TRANSPORTS`, a ``module:Class`` path or a
-    :class:`~agentrl.weights.transport.Transport` subclass; ``transport_options`` go to it.
-    ``router_url``: an smg router (``--enable-rl``) in front of the engines; update calls that are the
-    same for every engine then go through its RL fan-out (:mod:`agentrl.weights.engines`).
+    :class:`~agentrl.weights.transport.Transport` subclass (default :attr:`default_transport`); ``values``:
+    the fields of the payload's and the transport's options (:func:`sync_options`), or ``options`` as
+    validated. ``self.options`` is both at once (one model deriving from each).
     """
 
     payload: ClassVar[str] = ""  # the kind the transport must carry ("full", "delta"); "" checks nothing
+    Options: ClassVar[type[PayloadOptions]] = PayloadOptions
+    default_transport: ClassVar[str] = DEFAULT_TRANSPORT
+    needs_engine: ClassVar[str | None] = None  # the /server_info ``engine`` whose routes it needs (None: any)
 
-    def __init__(
-        self,
-        engine_urls: Sequence[str],
-        *,
-        transport: str | type[Transport] = DEFAULT_TRANSPORT,
-        timeout: float = 600.0,
-        router_url: str | None = None,
-        **transport_options: Any,
-    ) -> None:
+    def __init__(self, engine_urls: Sequence[str], *, transport: str | type[Transport] | None = None,
+                 options: PayloadOptions | None = None, **values: Any) -> None:
+        if options is None:
+            options = sync_options(type(self), values if transport is None else {**values, "transport": transport})
+        self.options = options
         self._closed = False
-        self.engines = EngineClient(engine_urls, timeout=timeout, router_url=router_url)
+        self.engines = EngineClient(engine_urls, timeout=options.timeout, router_url=options.router_url)
         try:
-            self.via = build_transport(transport, self.engines, payload=self.payload, options=transport_options)
+            self.via = transport_class(options.transport)(self.engines, options)
         except BaseException:
             self.engines.close()
             raise
+
+    @classmethod
+    def label(cls) -> str:
+        return cls.payload or cls.__name__
+
+    @classmethod
+    def normalize(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` in today's spelling (a preset maps an old one); the default: as given."""
+        return values
+
+    @classmethod
+    def check_carried(cls, transport: type[Transport]) -> None:
+        """Raise ``ValueError`` unless ``transport`` carries this payload, naming the transports that do."""
+        if cls.payload and cls.payload not in transport.carries:
+            able = sorted(n for n, c in builtin_transports().items() if cls.payload in c.carries)
+            raise ValueError(f"the {transport.label()} transport cannot carry {cls.payload} payloads; choose from {able}")
 
     @property
     def engine_urls(self) -> list[str]:
@@ -97,7 +133,7 @@ class WeightSync:
     @property
     def transport(self) -> str:
         """The transport's name (its class name for one without a ``name``)."""
-        return self.via.name or type(self.via).__name__
+        return self.via.label()
 
     @property
     def mode(self) -> str:
@@ -185,13 +221,73 @@ class FullSync(WeightSync):
         return self.push_full(tensors, weight_version)
 
 
+class Preset(FullSync):
+    """A historical mode name: full weights over the transport of the same name (``default_transport``)."""
+
+    def __init__(self, engine_urls: Sequence[str], **values: Any) -> None:
+        super().__init__(engine_urls, options=sync_options(type(self), values))
+
+    @classmethod
+    def check_carried(cls, transport: type[Transport]) -> None:
+        if transport is not transport_class(cls.default_transport):
+            raise ValueError(f"sync_mode {cls.default_transport!r} sends full weights over the {cls.default_transport} "
+                             f"transport, not {transport.label()}; use sync_mode 'full' for that")
+
+
+class DiskSync(Preset):
+    """The ``disk`` mode: full weights over the disk transport."""
+
+    default_transport = "disk"
+
+
+class BroadcastSync(Preset):
+    """The ``broadcast`` mode: full weights over the broadcast transport."""
+
+    default_transport = "broadcast"
+
+
 def full_bytes(tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensors)
+
+
+def payload_class(mode: str | type[WeightSync]) -> type[WeightSync]:
+    """The payload class of ``mode``: a name of :data:`MODES`, a ``module:Class`` path, or the class."""
+    return resolve(mode, MODES, what="weight-sync mode", base=WeightSync)
 
 
 def make_sync(mode: str | type[WeightSync], engine_urls: Sequence[str], **options: Any) -> WeightSync:
     """The sender for ``mode``: a payload (``full``, ``delta``), a historical name (``disk``, ``tensor``,
     ``broadcast``: full weights over that transport), or a ``module:Class`` path of your own
     :class:`WeightSync` subclass. ``options`` go to its constructor, e.g. ``transport="broadcast"``."""
-    cls = resolve(mode, MODES, what="weight-sync mode", base=WeightSync)
-    return cls(engine_urls, **options)
+    return payload_class(mode)(engine_urls, **options)
+
+
+def sync_options(mode: str | type[WeightSync], values: Mapping[str, Any] | PayloadOptions) -> PayloadOptions:
+    """``values`` (a config's ``sync_options``) validated for ``mode``: the transport is the one ``transport``
+    names (default: the payload's), and every other key must be an option of the payload or of that
+    transport -- an unknown one is refused naming the nearest valid key, or the transport it belongs to.
+    Already validated options are returned as they are. Loads the payload and transport classes (their
+    modules are light), so a bad name or path fails here."""
+    payload = payload_class(mode)
+    if isinstance(values, PayloadOptions):
+        return values
+    values = payload.normalize(dict(values))
+    spec = values.get("transport", payload.default_transport)
+    transport = transport_class(spec)
+    payload.check_carried(transport)
+    named = spec if isinstance(spec, str) else class_path(spec)
+    return options_model(payload, transport).model_validate({**values, "transport": named})
+
+
+@cache
+def options_model(payload: type[WeightSync], transport: type[Transport]) -> type[PayloadOptions]:
+    """The flat options model of ``payload`` over ``transport`` (both ``Options`` in one); a key of another
+    built-in transport or payload is explained as that one's."""
+    model = create_model(f"sync_options ({payload.label()} over {transport.label()})",
+                         __base__=(transport.Options, payload.Options), __module__=__name__)
+    owners = [(f"{name} transport", cls.Options) for name, cls in builtin_transports().items()]
+    owners += [(f"{name} payload", load_object(path).Options) for name, path in MODES.items()]
+    model.moved_keys = {key: f"{key!r} is an option of the {owner}" for owner, options in reversed(owners)
+                        for key in options.model_fields if key not in model.model_fields}
+    return model
+

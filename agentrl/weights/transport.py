@@ -1,44 +1,55 @@
-"""How a sync's bytes travel to the engines: the :class:`Transport` interface and the built-in names.
+"""How a sync's bytes travel to the engines: the :class:`Transport` interface, its typed options, and the
+registry of built-in transports.
 
 A transport carries one or more payload kinds (:attr:`Transport.carries`): ``"full"`` (named tensors, the
 whole model) and ``"delta"`` (one opaque :mod:`agentrl.engine.delta` payload). The payload -- *what* is
 sent -- is the :class:`~agentrl.weights.sync.WeightSync` subclass; it hands its tensors or bytes to
-``sync.via``, the transport. Built-in transports (one module each):
+``sync.via``, the transport. Each transport declares its options as a pydantic model (:attr:`Transport.Options`,
+a :class:`TransportOptions` whose ``transport`` field names it: the discriminator a config's ``sync_options``
+is dispatched on) and, as class attributes, what placement needs to know (:attr:`Transport.host_local`,
+:attr:`Transport.needs_rendezvous`), so nothing outside a transport's own module compares its name.
 
-* ``disk`` (:mod:`agentrl.weights.disk_sync`): files on tmpfs or any shared directory; full and delta.
-* ``tensor`` (:mod:`agentrl.weights.tensor_sync`): ``/update_weights_from_tensor`` with shared-memory or
-  CUDA IPC handles, or safetensors bytes in the body; full only.
-* ``broadcast`` (:mod:`agentrl.weights.broadcast_sync`): a process group with every engine; full and delta.
-
-A transport of your own is one module with a :class:`Transport` subclass, named by path
-(``transport="pkg.mod:MyTransport"``) wherever a built-in name is accepted. Whether control calls go to
-each engine or through an smg router's RL fan-out (``router_url=``) is the engine client's business
-(:mod:`agentrl.weights.engines`), so every transport can use the router.
+A new built-in transport is one module under :mod:`agentrl.weights.transports` plus its line in
+:data:`TRANSPORTS`. A transport of your own is a :class:`Transport` subclass named by path
+(``transport="pkg.mod:MyTransport"``) wherever a built-in name is accepted; its ``Options`` are validated
+when the config loads. Whether control calls go to each engine or through an smg router's RL fan-out
+(``router_url=``) is the engine client's business (:mod:`agentrl.weights.engines`).
 """
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agentrl.plugins import load_object, resolve
+from pydantic import Field
+
+from agentrl.plugins import resolve
+from agentrl.settings import Settings
 from agentrl.weights.engines import CallResult, EngineClient
 
 if TYPE_CHECKING:
     import torch
 
+# name -> "module:Class"; a new built-in transport is one module and one line here
 TRANSPORTS: dict[str, str] = {
-    "disk": "agentrl.weights.disk_sync:DiskTransport",
-    "tensor": "agentrl.weights.tensor_sync:TensorTransport",
-    "broadcast": "agentrl.weights.broadcast_sync:BroadcastTransport",
+    "disk": "agentrl.weights.transports.disk:DiskTransport",
+    "tensor": "agentrl.weights.transports.tensor:TensorTransport",
+    "broadcast": "agentrl.weights.transports.broadcast:BroadcastTransport",
 }
+DEFAULT_TRANSPORT = "disk"
 
 
 class WeightSyncError(RuntimeError):
     """A sync did not complete; engines may hold their old weights (each engine update is atomic)."""
+
+
+class TransportOptions(Settings):
+    """The options of a transport; ``transport`` names it (a built-in name or ``module:Class``)."""
+
+    transport: str = Field(DEFAULT_TRANSPORT, description="how the weights travel: "
+                           f"{', '.join(TRANSPORTS)} or module:Class (a Transport subclass)")
 
 
 @dataclass
@@ -53,16 +64,41 @@ class Sent:
 class Transport(ABC):
     """Moves a payload to the engines; ``engines`` is the sync's client (direct or through the router).
 
-    ``carries``: the payload kinds it can move. ``send_full`` raises :class:`WeightSyncError` unless every
-    engine it was given took the weights; ``send_delta`` never raises for an engine's refusal (the payload
-    decides what a refusal means) and returns one answer per engine.
+    ``carries``: the payload kinds it can move. ``Options``: its typed options (``self.options``).
+    ``host_local``: it reaches only engines on the sender's host (shared memory, a local directory);
+    ``needs_rendezvous``: engines connect back to ``options.master_address`` on the sender's host.
+    ``send_full`` raises :class:`WeightSyncError` unless every engine it was given took the weights;
+    ``send_delta`` never raises for an engine's refusal (the payload decides what a refusal means) and
+    returns one answer per engine.
     """
 
     name: ClassVar[str] = ""
     carries: ClassVar[frozenset[str]] = frozenset({"full"})
+    Options: ClassVar[type[TransportOptions]] = TransportOptions
+    host_local: ClassVar[bool] = False
+    needs_rendezvous: ClassVar[bool] = False
 
-    def __init__(self, engines: EngineClient) -> None:
+    def __init__(self, engines: EngineClient, options: TransportOptions | None = None, **values: Any) -> None:
+        """``options`` as validated, or its fields as keyword arguments (validated here)."""
+        if options is not None and values:
+            raise TypeError("give a transport its options or their values, not both")
         self.engines = engines
+        self.options = options if options is not None else self.Options.model_validate({"transport": self.label(), **values})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.needs_rendezvous and "master_address" not in cls.Options.model_fields:
+            raise TypeError(f"{cls.__name__} needs a rendezvous: its Options must have a master_address field")
+
+    @classmethod
+    def label(cls) -> str:
+        """The transport's name in reports and errors (its class name for one without a ``name``)."""
+        return cls.name or cls.__name__
+
+    @classmethod
+    def reaches_other_hosts(cls, options: TransportOptions) -> bool:
+        """Whether engines on other hosts than the sender's can receive over it with ``options``."""
+        return not cls.host_local
 
     @abstractmethod
     def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
@@ -70,36 +106,22 @@ class Transport(ABC):
 
     def send_delta(self, payload: bytes, body: dict[str, Any]) -> list[CallResult]:
         """Hand a delta ``payload`` to every engine with ``body`` (``weight_version``, ``base_version``)."""
-        raise NotImplementedError(f"the {self.name} transport cannot carry delta payloads")
+        raise NotImplementedError(f"the {self.label()} transport cannot carry delta payloads")
 
     def close(self) -> None:  # noqa: B027  (a transport that holds nothing need not override it)
         """Release what the transport holds (files, groups, buffers); called once by the sync."""
 
 
-def build_transport(spec: str | type[Transport], engines: EngineClient, *, payload: str,
-                    options: Mapping[str, Any]) -> Transport:
-    """The transport ``spec`` (a built-in name, a ``module:Class`` path or a class) made for ``engines``.
-
-    Raises ``ValueError`` when it cannot carry ``payload`` or does not take one of ``options``."""
-    cls = resolve(spec, TRANSPORTS, what=f"{payload or 'weight-sync'} transport", base=Transport)
-    if payload and payload not in cls.carries:
-        able = sorted(n for n, c in _builtin_classes().items() if payload in c.carries)
-        raise ValueError(f"the {cls.name or cls.__name__} transport cannot carry {payload} payloads; choose from {able}")
-    unknown = [key for key in options if not _accepts(cls, key)]
-    if unknown:
-        hints = [f"{key!r} is an option of the {' / '.join(_owners(key)) or 'no built-in'} transport" for key in unknown]
-        raise ValueError(f"the {cls.name or cls.__name__} transport takes no option {unknown}; " + "; ".join(hints))
-    return cls(engines, **options)
+def transport_class(spec: str | type[Transport]) -> type[Transport]:
+    """The transport class of ``spec``: a built-in name, a ``module:Class`` path, or the class itself."""
+    return resolve(spec, TRANSPORTS, what="weight-sync transport", base=Transport)
 
 
-def _builtin_classes() -> dict[str, type[Transport]]:
-    return {name: load_object(path) for name, path in TRANSPORTS.items()}
+def builtin_transports() -> dict[str, type[Transport]]:
+    """Every registered transport class by name (their modules are light: torch loads when a sync runs)."""
+    return {name: transport_class(name) for name in TRANSPORTS}
 
 
-def _accepts(cls: type, key: str) -> bool:
-    params = inspect.signature(cls).parameters
-    return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def _owners(key: str) -> list[str]:
-    return [name for name, cls in _builtin_classes().items() if key in inspect.signature(cls).parameters]
+def class_path(cls: type) -> str:
+    """``module:Qualname`` of ``cls``: how a resolved class travels to another process."""
+    return f"{cls.__module__}:{cls.__qualname__}"

@@ -118,7 +118,7 @@ def test_bad_distributed_delta_calls_are_refused_before_any_broadcast(engine_url
 
 
 def test_unknown_transport_and_misplaced_directory_are_rejected(engine_urls, tmp_path) -> None:
-    with pytest.raises(ValueError, match="unknown delta transport"):
+    with pytest.raises(ValueError, match="unknown weight-sync transport .pigeon."):
         DeltaSync(engine_urls, transport="pigeon")
     with pytest.raises(ValueError, match="disk transport"):
         DeltaSync(engine_urls, transport="broadcast", directory=tmp_path)

@@ -9,12 +9,12 @@ import pytest
 from weights_sync_helpers import Trainer, assert_engines_equal, corrupt
 
 from agentrl.engine.weight_loading import update_weights_from_tensor_body
-from agentrl.weights.broadcast_sync import BroadcastTransport
 from agentrl.weights.delta_sync import DeltaSync
-from agentrl.weights.disk_sync import DiskTransport
 from agentrl.weights.engines import CallResult, raise_errors
 from agentrl.weights.sync import FullSync, make_sync
 from agentrl.weights.transport import Sent, Transport
+from agentrl.weights.transports.broadcast import BroadcastTransport
+from agentrl.weights.transports.disk import DiskTransport
 
 DEAD = ["http://127.0.0.1:9"]  # construction only: nothing is sent
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.weights.delta_sync import DeltaSync
-from agentrl.weights.disk_sync import TEMP_PREFIX, DiskSync
-from agentrl.weights.sync import make_sync
+from agentrl.weights.sync import DiskSync, make_sync
+from agentrl.weights.transports.disk import TEMP_PREFIX
 
 DEAD = ["http://127.0.0.1:9"]
 SHM = Path("/dev/shm")
@@ -20,7 +20,7 @@ ON_SHM = SHM.is_dir() and os.access(SHM, os.W_OK)
 
 SCRIPT = """
 from agentrl.weights.delta_sync import DeltaSync
-from agentrl.weights.disk_sync import DiskSync
+from agentrl.weights.sync import DiskSync
 senders = [DiskSync(["http://127.0.0.1:9"]), DeltaSync(["http://127.0.0.1:9"])]
 for s in senders:
     (s.root / "marker").write_bytes(b"x")
@@ -77,7 +77,7 @@ def test_a_directory_left_by_a_dead_process_is_removed_by_the_next_sync(tmp_path
         if ON_SHM:
             DiskSync(DEAD).close()
         else:
-            from agentrl.weights.disk_sync import remove_orphans
+            from agentrl.weights.transports.disk import remove_orphans
 
             remove_orphans(Path(tmp_path))
         assert not orphan.exists() and alive.is_dir()

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from agentrl.engine.weight_loading import deserialize_named_tensors  # noqa: E402
 from agentrl.weights.engines import CallResult  # noqa: E402
-from agentrl.weights.tensor_sync import TensorTransport  # noqa: E402
+from agentrl.weights.transports.tensor import TensorTransport  # noqa: E402
 
 
 class FakeEngines:
@@ -98,7 +98,7 @@ class VersionEngines(FakeEngines):
 ])
 def test_the_update_answers_version_replaces_the_second_round_trip(says, asks_again, ok):
     from agentrl.weights.sync import WeightSyncError
-    from agentrl.weights.tensor_sync import TensorSync
+    from agentrl.weights.transports.tensor import TensorSync
 
     sync = TensorSync(["http://a"], transport="shm")
     fake, real = VersionEngines("agentrl-embedded", says), sync.engines

@@ -1,5 +1,4 @@
-"""The ``broadcast`` transport: a process group between the trainer (rank 0) and every engine; the
-``broadcast`` mode.
+"""The ``broadcast`` transport: a process group between the trainer (rank 0) and every engine.
 
 On first use the transport opens a custom process group (not the default one, so a trainer that has its
 own torch.distributed world can still do this) with every engine via ``/init_weights_update_group`` --
@@ -25,48 +24,52 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
 
 from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, plan_buckets
-from agentrl.weights.engines import CallResult, EngineClient, collect, raise_errors
-from agentrl.weights.sync import FullSync
-from agentrl.weights.transport import Sent, Transport, WeightSyncError
+from agentrl.weights.engines import CallResult, collect, raise_errors
+from agentrl.weights.transport import Sent, Transport, TransportOptions, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
 
+class BroadcastOptions(TransportOptions):
+    """Options of the ``broadcast`` transport."""
+
+    bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, description="bytes of tensors per update request")
+    backend: Literal["gloo", "nccl"] | None = Field(None, description="null: nccl for CUDA tensors, else gloo")
+    master_address: str = Field("127.0.0.1", description="the rendezvous address engines connect to (on a cluster: "
+                                "trainer rank 0's node unless set)")
+    master_port: int | None = Field(None, ge=1, le=65535, description="the rendezvous port (null: a free one)")
+    group_name: str | None = Field(None, description="null: one per transport, so a group left behind by a crashed "
+                                   "sender never blocks a new one")
+    group_timeout_s: float = Field(600.0, gt=0, description="how long a collective may wait for every member")
+    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
+
+
 class BroadcastTransport(Transport):
-    """``broadcast`` (see module doc). ``backend``: ``gloo``/``nccl`` (default: by the tensors' device).
-    ``group_name``: default one per transport, so a group left behind by a crashed sender never blocks a
-    new one."""
+    """``broadcast`` (see module doc)."""
 
     name = "broadcast"
     carries = frozenset({"full", "delta"})
+    Options = BroadcastOptions
+    needs_rendezvous = True
 
-    def __init__(
-        self,
-        engines: EngineClient,
-        *,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        backend: str | None = None,
-        master_address: str = "127.0.0.1",
-        master_port: int | None = None,
-        group_name: str | None = None,
-        group_timeout_s: float = 600.0,
-        flush_cache: bool = True,
-    ) -> None:
-        super().__init__(engines)
-        self.bucket_bytes = bucket_bytes
-        self.backend = backend
-        self.master_address = master_address
-        self.master_port = master_port
-        self.group_name = group_name or f"agentrl_weights_{os.getpid()}_{id(self):x}"
-        self.group_timeout = timedelta(seconds=group_timeout_s)
-        self.flush_cache = flush_cache
+    def __init__(self, engines: Any, options: BroadcastOptions | None = None, **values: Any) -> None:
+        super().__init__(engines, options, **values)
+        self.bucket_bytes = self.options.bucket_bytes
+        self.backend = self.options.backend
+        self.master_address = self.options.master_address
+        self.master_port = self.options.master_port
+        self.group_name = self.options.group_name or f"agentrl_weights_{os.getpid()}_{id(self):x}"
+        self.group_timeout = timedelta(seconds=self.options.group_timeout_s)
+        self.flush_cache = self.options.flush_cache
         self.group: Any = None
         self.group_backend: str | None = None
-        self._last_backend = backend or "gloo"  # for a delta, which has no tensors to tell the device
+        self._last_backend = self.backend or "gloo"  # for a delta, which has no tensors to tell the device
 
     def backend_for(self, tensors: list[tuple[str, torch.Tensor]]) -> str:
         """The configured backend, else ``nccl`` for CUDA tensors and ``gloo`` otherwise."""
@@ -181,13 +184,6 @@ class BroadcastTransport(Transport):
 
     def close(self) -> None:
         self.close_group()
-
-
-class BroadcastSync(FullSync):
-    """The ``broadcast`` mode: full weights over :class:`BroadcastTransport` (its options: ``backend``, ...)."""
-
-    def __init__(self, engine_urls: Sequence[str], **options: Any) -> None:
-        super().__init__(engine_urls, transport=BroadcastTransport, **options)
 
 
 def _device_for(backend: str | None) -> Any:

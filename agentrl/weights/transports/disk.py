@@ -1,4 +1,4 @@
-"""The ``disk`` transport: files in a directory (tmpfs when available) the engines read; the ``disk`` mode.
+"""The ``disk`` transport: files in a directory (tmpfs when available) the engines read.
 
 Full weights: HF safetensors shards in ``<root>/<weight_version>/`` with a checksum manifest the engine
 verifies before loading (:data:`~agentrl.engine.weight_loading.CHECKSUM_MANIFEST`), loaded with
@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from agentrl.engine.weight_loading import write_checksum_manifest
 from agentrl.weights.bucket import unique_named_tensors
-from agentrl.weights.engines import CallResult, EngineClient, raise_errors
-from agentrl.weights.sync import FullSync
-from agentrl.weights.transport import Sent, Transport, WeightSyncError
+from agentrl.weights.engines import CallResult, raise_errors
+from agentrl.weights.transport import Sent, Transport, TransportOptions, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
@@ -98,30 +99,34 @@ def save_safetensors(tensors: list[tuple[str, torch.Tensor]], directory: Path, *
     return sum(f.stat().st_size for f in files)
 
 
+class DiskOptions(TransportOptions):
+    """Options of the ``disk`` transport."""
+
+    directory: Path | None = Field(None, description="where the files go, readable by every engine (a directory every node "
+                                  "mounts reaches other hosts); null: a fresh one on /dev/shm, this host only")
+    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
+    abort_all_requests: bool = Field(False, description="engines abort requests in flight before loading")
+    keep_old_versions: bool = Field(False, description="keep every version's directory (default: the latest only)")
+
+
 class DiskTransport(Transport):
-    """``disk`` (see module doc). ``directory``: where files go (default: a fresh one on ``/dev/shm``);
-    every engine must be able to read it."""
+    """``disk`` (see module doc)."""
 
     name = "disk"
     carries = frozenset({"full", "delta"})
+    Options = DiskOptions
+    host_local = True  # unless options.directory is shared: see reaches_other_hosts
 
-    def __init__(
-        self,
-        engines: EngineClient,
-        *,
-        directory: str | Path | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-        keep_old_versions: bool = False,
-    ) -> None:
-        super().__init__(engines)
-        self._temp = TempWeightsDir(self) if directory is None else None
-        self.root = self._temp.path if self._temp is not None else Path(directory)  # type: ignore[arg-type]
+    def __init__(self, engines: Any, options: DiskOptions | None = None, **values: Any) -> None:
+        super().__init__(engines, options, **values)
+        self._temp = TempWeightsDir(self) if self.options.directory is None else None
+        self.root = self._temp.path if self._temp is not None else self.options.directory
         self.root.mkdir(parents=True, exist_ok=True)
-        self.flush_cache = flush_cache
-        self.abort_all_requests = abort_all_requests
-        self.keep_old_versions = keep_old_versions
         self._written: list[Path] = []
+
+    @classmethod
+    def reaches_other_hosts(cls, options: TransportOptions) -> bool:
+        return getattr(options, "directory", None) is not None  # a directory the user says every engine reads
 
     def send_full(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str, urls: Sequence[str]) -> Sent:
         directory = self.root / _safe_name(weight_version)
@@ -131,15 +136,15 @@ class DiskTransport(Transport):
         body = {
             "model_path": str(directory),
             "weight_version": weight_version,
-            "flush_cache": self.flush_cache,
-            "abort_all_requests": self.abort_all_requests,
+            "flush_cache": self.options.flush_cache,
+            "abort_all_requests": self.options.abort_all_requests,
         }
         try:
             raise_errors(self.engines.call_all("/update_weights_from_disk", body, urls=urls))
         except Exception as exc:
             raise WeightSyncError(f"disk sync of {weight_version!r} failed: {exc}") from exc
         self._written.append(directory)
-        if not self.keep_old_versions:
+        if not self.options.keep_old_versions:
             for old in self._written[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
             self._written = self._written[-1:]
@@ -158,13 +163,6 @@ class DiskTransport(Transport):
     def close(self) -> None:
         if self._temp is not None:
             self._temp.remove()
-
-
-class DiskSync(FullSync):
-    """The ``disk`` mode: full weights over :class:`DiskTransport` (its options: ``directory``, ...)."""
-
-    def __init__(self, engine_urls: Sequence[str], **options: Any) -> None:
-        super().__init__(engine_urls, transport=DiskTransport, **options)
 
 
 def _safe_name(version: str) -> str:

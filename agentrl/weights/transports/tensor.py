@@ -1,7 +1,7 @@
 """The ``tensor`` transport: flattened per-dtype buckets handed to ``/update_weights_from_tensor`` without
 a disk trip (full weights only: the engine route takes tensors); the ``tensor`` mode.
 
-Handles (``handles=``; the ``tensor`` mode's ``transport=``):
+Handles (``handles=``; the ``tensor`` mode also reads its old spelling ``transport=cuda_ipc``):
 
 * ``"shm"`` (CPU, same host): each bucket lives in a shared-memory segment; the request carries only
   pickled handles (SGLang's ``MultiprocessingSerializer`` format, ``load_format: null``) to per-tensor
@@ -35,17 +35,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from pydantic import Field
 
 from agentrl.weights.bucket import DEFAULT_BUCKET_BYTES, Bucket, make_buckets
-from agentrl.weights.engines import CallResult, EngineClient, raise_errors
-from agentrl.weights.sync import FullSync
-from agentrl.weights.transport import Sent, Transport, WeightSyncError
+from agentrl.weights.engines import CallResult, raise_errors
+from agentrl.weights.sync import Preset
+from agentrl.weights.transport import Sent, Transport, TransportOptions, WeightSyncError
 
 if TYPE_CHECKING:
     import torch
 
-HANDLES = ("shm", "cuda_ipc", "safetensors")
+Handles = Literal["shm", "cuda_ipc", "safetensors"]
+HANDLES: tuple[str, ...] = get_args(Handles)
 
 
 class StagingBuffers:
@@ -86,39 +89,40 @@ class StagingBuffers:
         self.keys.clear()
 
 
+class TensorOptions(TransportOptions):
+    """Options of the ``tensor`` transport."""
+
+    handles: Handles = Field("shm", description="shm (CPU, same host), cuda_ipc (GPU, colocated) or safetensors (in the body)")
+    bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, description="size of one flattened bucket")
+    device: str | None = Field(None, description="where buckets are staged (null: cuda for cuda_ipc, else cpu)")
+    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
+    flat: bool | None = Field(None, description="whole buckets (true) or SGLang's per-tensor list (false); null: "
+                              "whole buckets to engines that take them")
+
+
 class TensorTransport(Transport):
-    """``tensor`` (see module doc). ``bucket_bytes``: size of one flattened bucket; ``device``: where the
-    buckets are staged (default: ``cuda`` for ``cuda_ipc``, else ``cpu``); ``flat``: the layout (module doc)."""
+    """``tensor`` (see module doc)."""
 
     name = "tensor"
     carries = frozenset({"full"})
+    Options = TensorOptions
+    host_local = True  # shared memory and CUDA IPC handles open only on the sender's host
 
-    def __init__(
-        self,
-        engines: EngineClient,
-        *,
-        handles: str = "shm",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        device: str | None = None,
-        flush_cache: bool = True,
-        flat: bool | None = None,
-    ) -> None:
-        if handles not in HANDLES:
-            raise ValueError(f"unknown tensor transport {handles!r}; choose from {HANDLES}")
-        super().__init__(engines)
-        self.handles = handles
-        self.bucket_bytes = bucket_bytes
-        self.flush_cache = flush_cache
-        self.flat = flat
+    def __init__(self, engines: Any, options: TensorOptions | None = None, **values: Any) -> None:
+        super().__init__(engines, options, **values)
+        self.handles = self.options.handles
+        self.bucket_bytes = self.options.bucket_bytes
+        self.flush_cache = self.options.flush_cache
+        self.flat = self.options.flat
         self._takes_flat: dict[str, bool] = {}  # engine URL -> whether it took flat buckets (asked once)
         self._kept_by: set[str] = set()  # engines holding our CUDA buckets open (dropped on close)
         self._staged: tuple[list, list[Bucket], list[torch.Tensor]] | None = None  # see _stage
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
-        staging_device = device or ("cuda" if handles == "cuda_ipc" else "cpu")
+        staging_device = self.options.device or ("cuda" if self.handles == "cuda_ipc" else "cpu")
         # CPU shared-memory segments are made fresh per sync: with torch's file_system sharing, a reused
         # segment could no longer be opened by the engine on the next sync (observed: "unable to open
         # shared memory object ... No such file or directory").
-        self.staging = StagingBuffers(staging_device, shared=handles == "shm", persistent=handles == "cuda_ipc")
+        self.staging = StagingBuffers(staging_device, shared=self.handles == "shm", persistent=self.handles == "cuda_ipc")
 
     def takes_flat(self, urls: Sequence[str]) -> bool:
         """Whether every engine at ``urls`` takes ``flat_buckets`` (asked once per engine, see module doc)."""
@@ -237,8 +241,16 @@ def _add_engine_timings(timings: dict[str, float], results: list[CallResult]) ->
             timings[key] = timings.get(key, 0.0) + max(values)
 
 
-class TensorSync(FullSync):
-    """The ``tensor`` mode: full weights over :class:`TensorTransport`; ``transport`` picks its handles."""
+class TensorSync(Preset):
+    """The ``tensor`` mode: full weights over :class:`TensorTransport`; ``transport`` may name its handles (the
+    old spelling, ``{"transport": "cuda_ipc"}``)."""
 
-    def __init__(self, engine_urls: Sequence[str], *, transport: str = "shm", **options: Any) -> None:
-        super().__init__(engine_urls, transport=TensorTransport, handles=transport, **options)
+    default_transport = "tensor"
+
+    @classmethod
+    def normalize(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if values.get("transport") in HANDLES:
+            if "handles" in values:
+                raise ValueError("sync_options: transport names the handles; give handles once")
+            return {**values, "transport": cls.default_transport, "handles": values["transport"]}
+        return values
