@@ -1,7 +1,8 @@
 """``agentrl rollout`` (rollout only: episodes to a Samples JSONL) and ``agentrl eval`` (held-out accuracy).
 
-Both start embedded engines behind smg for a local model directory, run the environment's agent loop
-through them and stop everything on exit.
+Both start embedded engines behind smg for a local model directory, run the environment's episodes
+through them (:meth:`~agentrl.rollout.manager.RolloutManager.rollout`, the training path's episode pool)
+and stop everything on exit.
 """
 
 from __future__ import annotations

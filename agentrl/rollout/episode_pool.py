@@ -214,7 +214,8 @@ Pauser = Callable[[str], Any]  # engine-side pause(mode) / continue (mode "") â€
 
 class EpisodePool:
     """Episodes of ``env_factory`` on tasks of ``task_source`` (``.train(n, index)``), under ``rollout``
-    (:class:`~agentrl.rollout.settings.RolloutSettings`) and the schedule fields of ``schedule``.
+    (:class:`~agentrl.rollout.settings.RolloutSettings`) and the schedule fields of ``schedule`` (None: a
+    pool that plays only the batches :meth:`take` admits, as under ``sync``).
 
     ``generate`` is the rollout client's ``generate_turn``; ``engine_control(mode)`` pauses the engines
     (``mode`` ``"abort"`` or ``"in_place"``) and ``engine_control("")`` continues them (None: no engine
@@ -224,13 +225,13 @@ class EpisodePool:
     """
 
     def __init__(self, *, env_factory: Callable[[], Any], renderer: Any, generate: Callable[..., Any],
-                 task_source: Any, rollout: RolloutSettings, schedule: ScheduleFields, buffer: DataBuffer,
+                 task_source: Any, rollout: RolloutSettings, schedule: ScheduleFields | None, buffer: DataBuffer,
                  max_context_tokens: int | None = None, engine_control: Pauser | None = None,
                  first_batch: int = 0, episode_function: Callable[..., Any] | None = None) -> None:
         from agentrl.rollout.proof import RecordingTrajectoryManager
 
         self.task_source, self.rollout, self.schedule, self.buffer = task_source, rollout, schedule, buffer
-        self.admits_ahead = schedule.schedule == "fully_async"
+        self.admits_ahead = schedule is not None and schedule.schedule == "fully_async"
         self.client_generate = generate
         self.engine_control = engine_control
         self.next_batch = first_batch
@@ -370,12 +371,14 @@ class EpisodePool:
 
     def _batch_done(self, b: _Batch) -> bool:
         n, s = self.groups_per_batch, self.schedule
+        assert s is not None  # only a pool that admits on its own takes ready groups
         if not s.dynamic_sampling:
             return len(b.considered) >= n
         return len(b.kept) >= n or len(b.considered) >= math.ceil(s.max_oversample * n)
 
     async def _take_ready(self, trainer_version: int, b: _Batch) -> None:
         s = self.schedule
+        assert s is not None
         while not self._batch_done(b):
             await self._until(lambda: bool(self.ready))
             group = self.ready.popleft()
@@ -433,7 +436,7 @@ class EpisodePool:
     async def pause(self) -> None:
         """Stop new turns and pause the engines: turns being generated finish on the old weights
         (``continue``) or are aborted, to be sent again after :meth:`resume` (``abort``)."""
-        mode = self.schedule.partial_rollout
+        mode = self.schedule.partial_rollout if self.schedule is not None else "continue"
         await self.gate.close(drain=mode == "continue")
         if self.engine_control is not None:
             await asyncio.to_thread(self.engine_control, "abort" if mode == "abort" else "in_place")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,25 @@ from agentrl.rollout.settings import RolloutSettings
 log = logging.getLogger(__name__)
 # A server named in engine_urls runs already: it answers /health at once or is not there.
 EXTERNAL_HEALTH_TIMEOUT_S = 15.0
+
+
+@dataclass
+class RolloutBatch:
+    """One batch of :meth:`RolloutManager.rollout`: the proved groups, the batch's metrics, every episode."""
+
+    groups: list[list[Any]]
+    metrics: dict[str, float]
+    episodes: list[Any]
+
+
+@dataclass
+class _Batches:
+    """A task source of given batches (``train(n, index)``: batch ``index``)."""
+
+    batches: list[list[Any]]
+
+    def train(self, n: int, index: int) -> list[Any]:
+        return self.batches[index][:n]
 
 
 class RolloutManager:
@@ -191,14 +211,31 @@ class RolloutManager:
         return load_function(self.settings.episode_function) if self.settings.episode_function else None
 
     def pool(self, task_source: Any, schedule: Any, buffer: Any, *, first_batch: int = 0,
-             engine_control: Callable[[str], Any] | None = None) -> Any:
-        """An :class:`~agentrl.rollout.episode_pool.EpisodePool` playing through these engines (not started)."""
+             engine_control: Callable[[str], Any] | None = None, settings: RolloutSettings | None = None) -> Any:
+        """An :class:`~agentrl.rollout.episode_pool.EpisodePool` playing through these engines (not started),
+        under ``settings`` (default: this manager's)."""
         from agentrl.rollout.episode_pool import EpisodePool
 
         return EpisodePool(env_factory=self.env_factory, renderer=self.renderer, generate=self.client().generate_turn,
-                           task_source=task_source, rollout=self.settings, schedule=schedule, buffer=buffer,
+                           task_source=task_source, rollout=settings or self.settings, schedule=schedule, buffer=buffer,
                            max_context_tokens=self.max_context_tokens, engine_control=engine_control,
                            first_batch=first_batch, episode_function=self.episode_function())
+
+    async def rollout(self, tasks: Sequence[Any], samples_per_task: int, *,
+                      temperature: float | None = None) -> RolloutBatch:
+        """``samples_per_task`` episodes of each of ``tasks`` as one admitted batch of an episode pool (the
+        training path, proof included), outside a run: ``agentrl rollout``, benchmarks, tests."""
+        from agentrl.rollout.buffer import DataBuffer, keep_all
+
+        settings = self.settings.model_copy(update={
+            "prompts_per_step": max(1, len(tasks)), "samples_per_prompt": samples_per_task,
+            **({} if temperature is None else {"temperature": temperature})})
+        pool = self.pool(_Batches([list(tasks)]), None, DataBuffer(keep_all), settings=settings)
+        try:
+            groups, metrics, episodes = await pool.take(0, batch=0)
+        finally:
+            await pool.close()
+        return RolloutBatch(groups=[g for g in groups if g], metrics=metrics, episodes=episodes)
 
     async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
         """Greedy held-out accuracy: mean reward of one episode per task at temperature 0, played by the

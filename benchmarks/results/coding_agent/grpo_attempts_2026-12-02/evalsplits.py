@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root
 from agentrl.rollout.manager import RolloutManager, RolloutSettings
+from agentrl.rollout.episode_pool import example_row
 from examples.coding_agent.function_env import FunctionEnv, make_tasks
 
 model, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -24,9 +25,9 @@ async def go():
             tasks = make_tasks(n, seed=seed, split=split)
             by_prompt = {t["prompt"]: t for t in tasks}
             t0 = time.time()
-            batch = await manager.rollout(tasks, 1, temperature=0.0, prove=False, examples=len(tasks))
+            batch = await manager.rollout(tasks, 1, temperature=0.0)
             seen = {}
-            for i, s in enumerate(batch.examples):
+            for i, s in enumerate(example_row(e) for e in batch.episodes if e.samples):
                 md = s["metadata"]
                 msgs = md["messages"]
                 seen[i] = dict(

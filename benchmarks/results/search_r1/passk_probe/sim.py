@@ -22,6 +22,21 @@ import torch
 import yaml
 
 
+def _batch(rows, pad):
+    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, (ids, mask) in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
+    return input_ids, attention, labels
+
+
 class Batcher:
     """The agent loop's ``generate``: requests wait until every running episode has asked, then one HF
     ``generate`` call serves them all (left-padded)."""
@@ -190,7 +205,6 @@ def warmup_on_device(base, out, chats, held_chats, w, a, probe_at, tokenizer, re
     probes of the model at the ``probe_at`` steps; the model of ``a.warm_steps`` saved to ``out``."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.run.warmup import _batch
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -21,9 +21,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from agentrl.envs.render import ChatRenderer  # noqa: E402
 from agentrl.models.tiny import make_tiny_model  # noqa: E402
-from agentrl.run.warmup import _batch  # noqa: E402
 from examples.search_r1.env import SearchR1Env, expert_messages  # noqa: E402
 from examples.search_r1.questions import make_questions  # noqa: E402
+
+
+def _batch(rows, pad):
+    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, (ids, mask) in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
+    return input_ids, attention, labels
 
 which, minutes, out_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 cfg = yaml.safe_load(Path("examples/search_r1/config.yaml").read_text())
