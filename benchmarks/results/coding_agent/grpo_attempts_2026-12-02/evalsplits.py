@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo root
-from agentrl.rollout.manager import RolloutManager, RolloutSettings
 from agentrl.rollout.episode_pool import example_row
+from agentrl.rollout.manager import RolloutManager, RolloutSettings
 from examples.coding_agent.function_env import FunctionEnv, make_tasks
 
 model, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
