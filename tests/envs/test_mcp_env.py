@@ -70,3 +70,36 @@ def test_a_dead_server_fails_its_episode_clearly(tokenizer, renderer):
 
     with pytest.raises(MCPServerError, match="did not start"):
         asyncio.run(run_episode(Missing(), task, ScriptedPolicy(tokenizer, ["x"]), renderer, session_id="none"))
+
+
+def test_a_streamable_http_server_serves_the_same_tools(tokenizer, renderer):
+    import threading
+    import time
+
+    import uvicorn
+
+    from agentrl.rollout.router import free_port
+    from examples.mcp_arithmetic.server import server as mcp_server
+
+    port = free_port()
+    http = uvicorn.Server(uvicorn.Config(mcp_server.streamable_http_app(), host="127.0.0.1", port=port,
+                                         log_level="warning"))
+    thread = threading.Thread(target=http.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not http.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    class OverHTTP(MCPArithmeticEnv):
+        mcp_command = None
+        mcp_url = f"http://127.0.0.1:{port}/mcp"
+
+    try:
+        task = make_tasks(1, seed=7, multi_turn=True)[0]
+        replies = [call("add", a=task["a"], b=task["b"]), call("submit", answer=task["answer"])]
+        env = OverHTTP()
+        result = asyncio.run(run_episode(env, task, ScriptedPolicy(tokenizer, replies), renderer, session_id="h"))
+        assert result.metrics.reward == 1.0 and env.mcp_calls == ["add"]
+    finally:
+        http.should_exit = True
+        thread.join(15)
