@@ -13,7 +13,10 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from agentrl.trajectory.provenance import SOURCES
 from agentrl.trajectory.sample import Sample
+
+_SOURCE_WIDTH = max(len(source) for source in SOURCES)  # the source column fits every name
 
 Decoder = Callable[[int], str]
 
@@ -91,7 +94,7 @@ def format_runs(s: Sample) -> list[str]:
         lo, hi = max(run.start, rs) - rs, max(run.end, rs) - rs
         trained = sum(s.loss_mask[lo:hi]) if run.end > rs else 0
         lines.append(
-            f"          [{run.start:>5}, {run.end:>5})  {run.source:<9}  {run.turn:>4}  {run.weight_version or '-':<8}  "
+            f"          [{run.start:>5}, {run.end:>5})  {run.source:<{_SOURCE_WIDTH}}  {run.turn:>4}  {run.weight_version or '-':<8}  "
             f"{trained}/{run.end - run.start}"
         )
     return lines
@@ -118,7 +121,7 @@ def format_sample(
         return "\n".join(lines)
     drift_at = {p["position"]: p for p in s.metadata.get("drift_points", [])}
     rs = s.response_start
-    lines.append(f"   {'pos':>5} {'id':>7}  mask {'logprob':>9}  {'source':<9} turn  weights   text")
+    lines.append(f"   {'pos':>5} {'id':>7}  mask {'logprob':>9}  {'source':<{_SOURCE_WIDTH}} turn  weights   text")
     shown = range(len(s.tokens)) if max_tokens <= 0 else range(min(len(s.tokens), max_tokens))
     previous = None
     for i in shown:
@@ -135,7 +138,7 @@ def format_sample(
                 f"   <<< drift: turn {drift_at[i]['turn']} re-rendered from here ({drift_at[i]['outcome']})"
             )
         lines.append(
-            f"   {i:>5} {s.tokens[i]:>7}  {mask:>4} {lp:>9}  {prov.source:<9} {prov.turn:>4}  "
+            f"   {i:>5} {s.tokens[i]:>7}  {mask:>4} {lp:>9}  {prov.source:<{_SOURCE_WIDTH}} {prov.turn:>4}  "
             f"{prov.weight_version or '-':<8}  {text}{mark}"
         )
     if len(shown) < len(s.tokens):

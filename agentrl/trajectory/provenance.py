@@ -14,8 +14,10 @@ from typing import NamedTuple, overload
 PROMPT = "prompt"  # the sample's first prompt (before response_start)
 CONTEXT = "context"  # later prompt tokens that were not held before: user / tool / system / template
 MODEL = "model"  # a recorded turn's output token at its sampled position
-REALIGNED_PROMPT = "realigned"  # a later prompt's tokens placed where held tokens drifted
+REALIGNED_PROMPT = "realigned_prompt"  # a later prompt's tokens placed where held tokens drifted
 SOURCES = (PROMPT, CONTEXT, MODEL, REALIGNED_PROMPT)
+# Samples written before the source had its own name (it shared "realigned" with the drift outcome).
+_LEGACY_SOURCES = {"realigned": REALIGNED_PROMPT}
 
 
 class TokenProvenance(NamedTuple):
@@ -46,6 +48,8 @@ class Provenance(Sequence[TokenProvenance]):
         position = 0
         for raw in runs:
             run = raw if isinstance(raw, ProvenanceRun) else ProvenanceRun(*raw)
+            if run.source in _LEGACY_SOURCES:
+                run = run._replace(source=_LEGACY_SOURCES[run.source])
             if run.start != position or run.end <= run.start:
                 raise ValueError(
                     f"provenance runs must be contiguous and non-empty; got {tuple(run)} at {position}"

@@ -58,7 +58,7 @@ def test_dump_runs_view_and_limits(tmp_path, capsys):
     path.write_text(json.dumps(_samples()[0].to_dict()))
     assert dump_main([str(path), "--runs"]) == 0
     out = capsys.readouterr().out
-    assert "[    4,     6)  realigned     1" in out and " pos " not in out
+    assert "[    4,     6)  realigned_prompt     1" in out and " pos " not in out
     assert dump_main([str(path), "--max-tokens", "2"]) == 0
     assert "7 more tokens" in capsys.readouterr().out
 

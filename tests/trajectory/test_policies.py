@@ -99,7 +99,7 @@ def test_drift_inside_latest_response(policy, threshold, outcome, n_samples, tra
         (s,) = samples
         assert s.tokens == DRIFT_LATEST + [15, 16]
         sources = [p.source for p in s.provenance]
-        assert sources[8] == "realigned" and s.loss_mask[8 - 3] == 0
+        assert sources[8] == "realigned_prompt" and s.loss_mask[8 - 3] == 0
         assert s.metadata["drift_points"] == [{"turn": 2, "position": 8, "outcome": outcome}]
     else:
         first, second = samples
@@ -131,7 +131,7 @@ def test_drift_inside_an_earlier_response(policy, outcome, trained, tokens_train
         assert s.metadata["untrained_turns"] == [0, 1]
         prov = list(s.provenance)
         # [10] is still turn 0's token at its sampled position but untrained; [98] replaced [11].
-        assert prov[3] == ("model", 0, "v0") and prov[4] == ("realigned", 2, None)
+        assert prov[3] == ("model", 0, "v0") and prov[4] == ("realigned_prompt", 2, None)
         assert s.loss_mask[:2] == [0, 0]
 
 

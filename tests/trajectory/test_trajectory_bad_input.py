@@ -262,3 +262,12 @@ def test_verify_rejects_bad_turn_lists(turns, match):
     sample.metadata["turns"] = turns
     with pytest.raises(ProvenanceError, match=match):
         verify(sample, records)
+
+
+def test_provenance_written_with_the_old_realigned_source_name_still_loads():
+    from agentrl.trajectory.provenance import REALIGNED_PROMPT, Provenance
+
+    old = Provenance([(0, 2, "prompt", 0, None), (2, 3, "realigned", 1, None)])
+    assert old[2].source == REALIGNED_PROMPT == "realigned_prompt"
+    with pytest.raises(ValueError, match="unknown provenance source"):
+        Provenance([(0, 1, "realignd", 0, None)])
