@@ -29,11 +29,13 @@ import base64
 import contextlib
 import ctypes
 import errno
+import gc
 import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -46,6 +48,8 @@ import types
 _DRAIN_S = 0.2
 _RESET_KILL_S = 3.0
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _IPC_RMID = 0
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events",
@@ -124,43 +128,129 @@ def _live_members(pgid):
 def _reap():
     # Under bubblewrap the executor is PID 1 of its namespace, so orphans become its children.
     with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+            if pid == _Zygote.pid:  # an agent killed it: its pid must not be spared once reused
+                _Zygote.pid = None
+
+
+class _Zygote:
+    """The process every ``run_python`` child is forked from: itself forked from this executor before
+    it served any request, and never handed a request's bytes since, so no child can find another
+    episode's code or output in the memory it inherits (the executor's freed heap holds both).
+
+    Per child it receives, over a private socket, the child's four fds (stdin, stdout, stderr and a
+    socket the child reads its code from) and answers the child's pid. It forks twice so that the
+    child is reparented to the executor (a child subreaper, or PID 1 under bubblewrap), which then
+    waits for it like for any command. It is non-dumpable like the executor; when an agent kills it,
+    ``run_python`` falls back to a fresh ``python3 -c`` (never to a fork of the executor)."""
+
+    pid = None
+    _sock = None
+
+    @classmethod
+    def start(cls, protocol_fds):
+        _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the zygote: never returns
+            try:
+                _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                parent.close()
+                for fd in protocol_fds:
+                    os.close(fd)
+                gc.freeze()  # keep the executor's objects out of every child's collections (fewer CoW faults)
+                cls._serve(child)
+            finally:
+                os._exit(0)
+        child.close()
+        cls.pid, cls._sock = pid, parent
+
+    @staticmethod
+    def _serve(sock):
+        while True:
+            msg, fds, _, _ = socket.recv_fds(sock, 16, 4)
+            if not msg or len(fds) != 4:
+                return
+            r_pid, w_pid = os.pipe()
+            middle = os.fork()
+            if middle == 0:
+                pid = -1
+                try:
+                    pid = os.fork()
+                    if pid == 0:
+                        _run_forked_child(*fds)
+                finally:
+                    os.write(w_pid, struct.pack(">i", pid))
+                    os._exit(0)
+            os.close(w_pid)
+            os.waitpid(middle, 0)  # the code runner is now the executor's child
+            reply = os.read(r_pid, 4)
+            os.close(r_pid)
+            for fd in fds:
+                os.close(fd)
+            sock.send(reply if len(reply) == 4 else struct.pack(">i", -1))
+
+    @classmethod
+    def spawn(cls, fds):
+        """The pid of a fresh child that owns ``fds``; None when the zygote is gone."""
+        if cls._sock is None:
+            return None
+        try:
+            cls._sock.settimeout(5.0)
+            socket.send_fds(cls._sock, [b"f"], list(fds), socket.MSG_NOSIGNAL)
+            reply = cls._sock.recv(16)
+            pid = struct.unpack(">i", reply)[0] if len(reply) == 4 else 0
+        except OSError:
+            pid = 0
+        if pid <= 0:
+            cls.gone()
+            return None
+        return pid
+
+    @classmethod
+    def gone(cls):
+        with contextlib.suppress(OSError):
+            cls._sock.close()
+        cls._sock = None
+        if cls.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(cls.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(cls.pid, 0)
+        cls.pid = None
 
 
 class _ForkedPython:
-    """Runs Python code in a fork of this (already started) interpreter: ~1 ms instead of the ~20 ms
-    of a fresh ``python3 -c``. The child looks like ``python3 -c CODE``: own session, fds 0-2 on
+    """Runs Python code in a fork of the zygote's already started interpreter: ~1 ms instead of the
+    ~20 ms of a fresh ``python3 -c``. The child looks like ``python3 -c CODE``: own session, fds 0-2 on
     pipes, every other fd closed, fresh ``__main__``, SIGPIPE ignored, argv ``['-c']``, the requested
     env and cwd, atexit handlers and non-daemon threads honoured. Differences: modules this executor
-    imported (json, subprocess, selectors, ...) are already in ``sys.modules``."""
+    imported (json, subprocess, selectors, ...) are already in ``sys.modules``. Raises OSError when
+    the zygote is gone."""
 
-    def __init__(self, code, with_stdin, env, cwd):
-        # Compile here, not in the child: a fresh fork's first compile costs ~3 ms of copy-on-write
-        # faults, the parent's ~15 us. Code that does not compile is compiled (and fails) in the child
-        # so its SyntaxError is reported exactly like python3 -c reports it.
-        with contextlib.suppress(SyntaxError, ValueError):
-            code = compile(code, "<string>", "exec", dont_inherit=True)
-        r_in, w_in = os.pipe() if with_stdin else (None, None)
+    def __init__(self, code, with_stdin, env, cwd, private=False):
+        r_in, w_in = os.pipe() if with_stdin else (os.open(os.devnull, os.O_RDONLY), None)
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: never returns
-            rc = 1
-            try:
-                os.setsid()
-                os.dup2(r_in if r_in is not None else os.open(os.devnull, os.O_RDONLY), 0)
-                os.dup2(w_out, 1)
-                os.dup2(w_err, 2)
-                os.closerange(3, 65536)
-                _set_dumpable(True)  # as after exec: the agent's own process, holding none of our fds
-                rc = _child_python(code, env, cwd)
-            finally:
-                os._exit(rc)
-        self.pid, self.returncode = pid, None
-        for fd in (r_in, w_out, w_err):
-            if fd is not None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = _Zygote.spawn((r_in, w_out, w_err, theirs.fileno()))
+        finally:
+            for fd in (r_in, w_out, w_err):
                 os.close(fd)
+            theirs.close()
+        if pid is None:
+            for fd in (w_in, r_out, r_err):
+                if fd is not None:
+                    os.close(fd)
+            ours.close()
+            raise OSError(errno.ESRCH, "the zygote is gone")
+        self.pid, self.returncode = pid, None
+        payload = json.dumps({"code": code, "env": env, "cwd": cwd, "private": private}).encode()
+        with contextlib.suppress(OSError):  # a child that died (or was stopped) first reports itself
+            ours.settimeout(5.0)
+            ours.sendall(struct.pack(">I", len(payload)) + payload, socket.MSG_NOSIGNAL)
+        ours.close()
         self.stdin = os.fdopen(w_in, "wb", buffering=0) if w_in is not None else None
         self.stdout = os.fdopen(r_out, "rb", buffering=0)
         self.stderr = os.fdopen(r_err, "rb", buffering=0)
@@ -176,6 +266,30 @@ class _ForkedPython:
         if self.returncode is None:
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
+
+
+def _run_forked_child(stdin_fd, stdout_fd, stderr_fd, code_fd):
+    """In a fork of the zygote: become ``python3 -c CODE`` with the code read from ``code_fd``."""
+    rc = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate((stdin_fd, stdout_fd, stderr_fd)):
+            os.dup2(fd, target)
+        request = _read_frame(code_fd)
+        os.closerange(3, 65536)
+        if request is not None:
+            request = json.loads(request)
+            # As after exec: the agent's own process, holding none of our fds. A private one (the host's
+            # health probe) stays non-dumpable, so no leftover of the agent can write into its output.
+            _set_dumpable(not request["private"])
+            rc = _child_python(request["code"], request["env"], request["cwd"])
+    finally:
+        os._exit(rc)
+
+
+def _read_frame(fd):
+    head = _read_exact(fd, 4)
+    return None if head is None else _read_exact(fd, struct.unpack(">I", head)[0])
 
 
 def _child_python(code, env, cwd):
@@ -229,96 +343,20 @@ def _exit_code(code):
 def run(req):
     argv, timeout, limit = req["argv"], float(req["timeout"]), int(req["limit"])
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
-    out, err = _Capped(limit), _Capped(limit)
     before = _oom_kills()
     start = time.monotonic()
     try:
-        if req.get("python_code") is not None:
-            proc = _ForkedPython(req["python_code"], stdin is not None, req.get("env") or {}, req.get("cwd"))
-        else:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=req.get("cwd"),
-                env=req.get("env"), start_new_session=True)
+        proc = _spawn(req, argv, stdin is not None)
     except OSError as exc:
         msg = f"{argv[0]}: {exc.strerror or exc}\n"
         return {"exit_code": 127 if isinstance(exc, FileNotFoundError) else 126, "stdout": "",
                 "stderr": base64.b64encode(msg.encode()).decode(), "stdout_total": 0,
                 "stderr_total": len(msg), "timed_out": False, "oom_killed": False,
                 "duration_s": time.monotonic() - start}
-    sel = selectors.DefaultSelector()
-    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    for fd in sinks:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    pending = memoryview(stdin) if stdin else None
-    if proc.stdin is not None:
-        if pending:
-            os.set_blocking(proc.stdin.fileno(), False)
-            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            proc.stdin.close()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ)
-    except (AttributeError, OSError):
-        pidfd = None
-    deadline = start + timeout
-    timed_out = exited = False
-
-    def pump(key):
-        nonlocal pending
-        fd = key.fd
-        if fd in sinks:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            if data:
-                sinks[fd].add(data)
-            else:
-                sel.unregister(fd)
-        elif proc.stdin is not None and fd == proc.stdin.fileno():
-            try:
-                n = os.write(fd, pending[:65536])
-                pending = pending[n:]
-            except BlockingIOError:
-                return
-            except BrokenPipeError:
-                pending = None
-            if not pending:
-                sel.unregister(fd)
-                proc.stdin.close()
-
-    while not exited:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        wait = remaining if pidfd is not None else min(remaining, 0.01)
-        for key, _ in sel.select(wait):
-            if key.fd == pidfd:
-                exited = True
-            else:
-                pump(key)
-        if pidfd is None and proc.poll() is not None:
-            exited = True
+    streams = _Streams(proc, stdin, limit)
+    timed_out = streams.pump_until_exit(start + timeout)
     _killpg(proc.pid)  # the command's leftovers (background children) die with it
-    if pidfd is not None:
-        sel.unregister(pidfd)
-        os.close(pidfd)
-    if proc.stdin is not None and not proc.stdin.closed:
-        with contextlib.suppress(KeyError, ValueError):
-            sel.unregister(proc.stdin.fileno())
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    drain_until = time.monotonic() + _DRAIN_S
-    while sel.get_map() and time.monotonic() < drain_until:
-        for key, _ in sel.select(max(0.0, drain_until - time.monotonic())):
-            pump(key)
-    sel.close()
-    proc.stdout.close()
-    proc.stderr.close()
+    streams.drain_and_close()
     rc = proc.wait()
     _bury_group(proc.pid)
     duration = time.monotonic() - start
@@ -326,8 +364,100 @@ def run(req):
         rc = 128 - rc
     after = _oom_kills() if rc == 137 and not timed_out else None
     oom = after is not None and before is not None and after > before
+    out, err = streams.out, streams.err
     return {"exit_code": rc, "stdout": out.b64(), "stderr": err.b64(), "stdout_total": out.total,
             "stderr_total": err.total, "timed_out": timed_out, "oom_killed": oom, "duration_s": duration}
+
+
+def _spawn(req, argv, with_stdin):
+    code, env, cwd = req.get("python_code"), req.get("env"), req.get("cwd")
+    if code is not None:
+        try:
+            return _ForkedPython(code, with_stdin, env or {}, cwd, bool(req.get("private")))
+        except OSError:
+            argv = [argv[0], "-c", code]  # the zygote is gone: a fresh interpreter, never our fork
+    return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+                            start_new_session=True)
+
+
+class _Streams:
+    """A command's stdin (fed from ``stdin``) and its capped stdout/stderr, pumped by one selector."""
+
+    def __init__(self, proc, stdin, limit):
+        self.proc, self.out, self.err = proc, _Capped(limit), _Capped(limit)
+        self.sel = selectors.DefaultSelector()
+        self.sinks = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
+        for fd in self.sinks:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.pending = memoryview(stdin) if stdin else None
+        if proc.stdin is not None:
+            if self.pending:
+                os.set_blocking(proc.stdin.fileno(), False)
+                self.sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+        try:
+            self.pidfd = os.pidfd_open(proc.pid)
+            self.sel.register(self.pidfd, selectors.EVENT_READ)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    def pump_until_exit(self, deadline):
+        """Move bytes until the command exits; True when ``deadline`` came first."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            wait = remaining if self.pidfd is not None else min(remaining, 0.01)
+            for key, _ in self.sel.select(wait):
+                if key.fd == self.pidfd:
+                    return False
+                self._pump(key.fd)
+            if self.pidfd is None and self.proc.poll() is not None:
+                return False
+
+    def drain_and_close(self):
+        """Close stdin, read what escaped grandchildren still write for at most ``_DRAIN_S``, close all."""
+        proc = self.proc
+        if self.pidfd is not None:
+            self.sel.unregister(self.pidfd)
+            os.close(self.pidfd)
+        if proc.stdin is not None and not proc.stdin.closed:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(proc.stdin.fileno())
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        drain_until = time.monotonic() + _DRAIN_S
+        while self.sel.get_map() and time.monotonic() < drain_until:
+            for key, _ in self.sel.select(max(0.0, drain_until - time.monotonic())):
+                self._pump(key.fd)
+        self.sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
+
+    def _pump(self, fd):
+        if fd in self.sinks:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if data:
+                self.sinks[fd].add(data)
+            else:
+                self.sel.unregister(fd)
+        elif self.proc.stdin is not None and fd == self.proc.stdin.fileno():
+            try:
+                n = os.write(fd, self.pending[:65536])
+                self.pending = self.pending[n:]
+            except BlockingIOError:
+                return
+            except BrokenPipeError:
+                self.pending = None
+            if not self.pending:
+                self.sel.unregister(fd)
+                self.proc.stdin.close()
 
 
 def reset(req):
@@ -346,19 +476,28 @@ def reset(req):
 
 
 def _kill_every_other_agent_process():
-    uid, me = os.getuid(), os.getpid()
+    uid, spared = os.getuid(), (os.getpid(), 1, _Zygote.pid)
     deadline = time.monotonic() + _RESET_KILL_S
-    while True:
-        # kill(-1) reaches every process this uid may signal, except the caller and its namespace's init.
-        with contextlib.suppress(OSError):
-            os.kill(-1, signal.SIGKILL)
-        _reap()
-        left = [p for p in _live_pids_of(uid) if p not in (me, 1)]
-        if not left:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
+    try:
+        while True:
+            # kill(-1) reaches every process this uid may signal, except the caller and its namespace's
+            # init. It stops them all (the zygote too), so none can fork while each but the zygote is killed.
+            with contextlib.suppress(OSError):
+                os.kill(-1, signal.SIGSTOP)
+            left = [p for p in _live_pids_of(uid) if p not in spared]
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            _reap()
+            if not left:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+    finally:
+        if _Zygote.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(_Zygote.pid, signal.SIGCONT)
 
 
 def _live_pids_of(uid):
@@ -488,6 +627,7 @@ def main(argv):
     os.dup2(null, 0)
     os.dup2(null, 1)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _Zygote.start(protocol_fds=(rfd, wfd))  # before the first request: it must never hold one
     ops = {"run": run, "reset": reset, "write": write, "read": read, "ping": lambda req: {"pid": os.getpid()}}
     while True:
         head = _read_exact(rfd, 4)

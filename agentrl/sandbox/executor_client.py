@@ -203,11 +203,12 @@ class ExecutorClient:
             self._buf += chunk
 
     def run(self, argv: list[str], *, timeout: float, stdin: bytes | None, env: Mapping[str, str],
-            cwd: str, limit: int, python_code: str | None = None) -> ExecResult:
-        """Run argv (or, with ``python_code``, that code in a fork of the executor's interpreter)."""
+            cwd: str, limit: int, python_code: str | None = None, private: bool = False) -> ExecResult:
+        """Run argv (or, with ``python_code``, that code in a fork of the executor's zygote; ``private``:
+        in a process no other process of the agent can open, for the host's own checks)."""
         msg = self.call({"op": "run", "argv": argv, "timeout": timeout, "cwd": cwd, "env": dict(env),
                          "limit": limit, "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
-                         "python_code": python_code}, timeout + CLIENT_GRACE_S,
+                         "python_code": python_code, "private": private}, timeout + CLIENT_GRACE_S,
                         max_reply=2 * b64_size(limit) + 1024)
         bad = [k for k, kind in _RESULT_FIELDS.items() if not isinstance(msg.get(k), kind)]
         if bad:
