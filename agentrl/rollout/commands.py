@@ -17,11 +17,12 @@ from typing import Any
 from agentrl.envs import load_function
 from agentrl.rollout.buffer import save_samples_jsonl
 from agentrl.rollout.manager import RolloutManager, RolloutSettings
+from agentrl.rollout.model_path import local_model_dir
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("model", help="local HF model directory (weights, tokenizer, chat template)")
+    p.add_argument("model", type=local_model_dir, help="local HF model directory (weights, tokenizer, chat template)")
     p.add_argument("--env", default="agentrl.envs.arithmetic:ArithmeticToolEnv", help="module:Environment")
     p.add_argument("--tasks", default="agentrl.envs.arithmetic:make_tasks",
                    help="module:fn(n, *, seed, split, **task_kwargs) -> tasks")
