@@ -294,7 +294,9 @@ class Gateway:
         return normalize_message(message), 0
 
     def content_pieces(self, completion: Completion) -> list[str]:
-        """The reply content split at token boundaries (prefix decodes), for streaming deltas."""
+        """The reply content split at token boundaries, for streaming deltas: per-token decodes grouped
+        into at most ``STREAM_PIECES`` pieces when they join to the content (one batched decode), else
+        prefix decodes (a character split across tokens, or a tokenizer that drops leading spaces alone)."""
         content = completion.message.get("content") or ""
         if "tool_calls" in completion.message:
             return [content]
@@ -302,6 +304,10 @@ class Gateway:
         while ids and ids[-1] in self.renderer.stop_ids:
             ids.pop()
         step = max(1, -(-len(ids) // STREAM_PIECES))
+        texts = self.renderer.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
+                                                     clean_up_tokenization_spaces=False)
+        if "".join(texts) == content:
+            return ["".join(texts[start:start + step]) for start in range(0, len(texts), step)]
         pieces, sent = [], ""
         for end in [*range(step, len(ids), step), len(ids)]:
             text = self.renderer.tokenizer.decode(ids[:end], skip_special_tokens=False,

@@ -182,11 +182,12 @@ class ChatRoutes:
 
 
 def event_stream(events: list[bytes], headers: dict[str, str]) -> StreamingResponse:
-    """A finished reply sent as server-sent events (the turn is recorded before the first byte)."""
+    """A finished reply sent as server-sent events. The turn is generated and recorded before the first
+    byte, so the events go out in one write: a client parses them one by one all the same, and the stream
+    costs no more than the plain reply (benchmarks/gateway_stream_bench.py)."""
 
     async def send():
-        for event in events:
-            yield event
+        yield b"".join(events)
 
     return StreamingResponse(send(), media_type="text/event-stream", headers=headers)
 
