@@ -203,9 +203,11 @@ def test_engines_on_two_nodes_behind_one_router_and_a_broadcast_sync_across_node
         engines = ray.get(rollout.where.remote())
         assert sorted(e["node_id"] for e in engines) == sorted(nodes.values())  # one engine on each node
         assert all(e["gpu_ids"] == [] for e in engines)
-        from agentrl.envs.arithmetic import make_tasks
+        from agentrl.run.config import RunConfig
 
-        _, metrics, _ = ray.get(rollout.rollout.options(num_returns=3).remote(make_tasks(8, seed=0, split="train")))
+        cfg = RunConfig()  # the sync schedule over the arithmetic tasks: batch 0 is 8 tasks x 2 samples
+        ray.get(rollout.start_pool.remote(cfg.task_source(), 0, cfg))
+        _, metrics, _ = ray.get(rollout.take_batch.options(num_returns=3).remote(0, batch=0))
         assert metrics["rollout/episodes"] == 16
         served = {}
         for e in engines:  # the router sent sessions to the engines of both nodes
@@ -219,7 +221,9 @@ def test_engines_on_two_nodes_behind_one_router_and_a_broadcast_sync_across_node
         rank = ray.get(trainer.where.remote())
         assert rank["node_id"] == nodes["node_a"] and rank["master_addr"] == plan.trainers[0].node_ip
         options = sync_options_for("broadcast", {}, plan)
-        assert options == {"master_address": plan.trainers[0].node_ip}
+        # the rendezvous on rank 0's node; the transport travels as its class path (the rank loads that class)
+        assert options == {"master_address": plan.trainers[0].node_ip,
+                           "transport": "agentrl.weights.transports.broadcast:BroadcastTransport"}
         urls = ray.get(rollout.engine_urls.remote())
         ray.get(trainer.configure_sync.remote("broadcast", urls, options))
         report = ray.get(trainer.sync_weights.remote("7"))
