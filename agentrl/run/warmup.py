@@ -54,7 +54,8 @@ class WarmupResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _batch(rows: Sequence[Encoded], pad: int):
+def padded_batch(rows: Sequence[Encoded], pad: int):
+    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
     import torch
 
     width = max(len(ids) for ids, _ in rows)
@@ -79,7 +80,7 @@ def teacher_forced_accuracy(model, rows: Sequence[Encoded], pad: int, chunk: int
     exact = 0
     with torch.no_grad():
         for start in range(0, len(rows), chunk):
-            input_ids, attention, labels = _batch(rows[start : start + chunk], pad)
+            input_ids, attention, labels = padded_batch(rows[start : start + chunk], pad)
             predicted = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].argmax(-1)
             targets = labels[:, 1:]
             wrong = (predicted != targets) & (targets != -100)
@@ -133,7 +134,7 @@ def supervised_warmup(
     below: tuple[int, float, dict[str, Any]] | None = None  # (step, check, weights) of the last check under target
     deadline = time.monotonic() + cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
     for step in range(1, cfg.max_steps + 1):
-        input_ids, attention, labels = _batch(rng.sample(train_rows, min(cfg.batch_size, len(train_rows))), pad)
+        input_ids, attention, labels = padded_batch(rng.sample(train_rows, min(cfg.batch_size, len(train_rows))), pad)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -10,22 +10,10 @@ torch.set_num_threads(1)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.envs.render import ChatRenderer
+from agentrl.run.warmup import padded_batch
 from examples.coding_agent.function_env import FunctionEnv, expert_messages, make_tasks
 
 
-def _batch(rows, pad):
-    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-    return input_ids, attention, labels
 
 d = sys.argv[1]
 split = sys.argv[2] if len(sys.argv) > 2 else "heldout"
@@ -39,7 +27,7 @@ rows = [
 ]
 ps = []
 with torch.no_grad():
-    ids, att, lab = _batch(rows, tok.pad_token_id)
+    ids, att, lab = padded_batch(rows, tok.pad_token_id)
     lp = torch.log_softmax(m(input_ids=ids, attention_mask=att).logits[:, :-1], -1)
     tgt = lab[:, 1:]
     g = lp.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (tgt != -100)

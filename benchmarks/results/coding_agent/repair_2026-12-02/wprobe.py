@@ -13,23 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.envs.render import ChatRenderer
 from agentrl.models.tiny import make_tiny_model
-from agentrl.run.warmup import teacher_forced_accuracy  # noqa: E402
+from agentrl.run.warmup import padded_batch, teacher_forced_accuracy  # noqa: E402
 from examples.coding_agent.function_env import FunctionEnv, expert_messages, make_tasks
 
 
-def _batch(rows, pad):
-    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-    return input_ids, attention, labels
 
 shape = json.loads(sys.argv[1])
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 800
@@ -60,7 +47,7 @@ rng = random.Random(0)
 torch.manual_seed(0)
 t0 = time.time()
 for step in range(1, steps + 1):
-    ids, att, lab = _batch(rng.sample(train, 16), tok.pad_token_id)
+    ids, att, lab = padded_batch(rng.sample(train, 16), tok.pad_token_id)
     loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
     opt.zero_grad()
     loss.backward()

@@ -21,20 +21,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from agentrl.run.warmup import padded_batch
 
-def _batch(rows, pad):
-    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
-    import torch
 
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-    return input_ids, attention, labels
 
 
 class Batcher:
@@ -220,7 +209,7 @@ def warmup_on_device(base, out, chats, held_chats, w, a, probe_at, tokenizer, re
     pad = tokenizer.pad_token_id
     bs = w.get("batch_size", 32)
     for step in range(1, a.warm_steps + 1):
-        ids, att, labels = (x.to(a.device) for x in _batch(rng.sample(train_rows, min(bs, len(train_rows))), pad))
+        ids, att, labels = (x.to(a.device) for x in padded_batch(rng.sample(train_rows, min(bs, len(train_rows))), pad))
         loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -228,7 +217,7 @@ def warmup_on_device(base, out, chats, held_chats, w, a, probe_at, tokenizer, re
         if step % 25 == 0 or step in probe_at:
             model.eval()
             with torch.no_grad():
-                ids, att, labels = (x.to(a.device) for x in _batch(held_rows, pad))
+                ids, att, labels = (x.to(a.device) for x in padded_batch(held_rows, pad))
                 pred = model(input_ids=ids, attention_mask=att).logits[:, :-1].argmax(-1)
                 tgt = labels[:, 1:]
                 check = float((~((pred != tgt) & (tgt != -100)).any(1)).float().mean())

@@ -4,26 +4,13 @@ import torch
 sys.path[:0] = ["/work/main", "/tmp/helper-search"]
 import synth
 from agentrl.models.tiny import make_tiny_model
-from agentrl.run.warmup import teacher_forced_accuracy
+from agentrl.run.warmup import padded_batch, teacher_forced_accuracy
 from agentrl.envs.render import ChatRenderer
 from examples.search_r1.questions import make_questions
 from examples.search_r1.env import expert_messages, SearchR1Env
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-def _batch(rows, pad):
-    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-    return input_ids, attention, labels
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=2); p.add_argument("--hidden", type=int, default=128)
@@ -59,7 +46,7 @@ opt = torch.optim.AdamW(m.parameters(), lr=a.lr); pad = tok.pad_token_id
 t0 = time.time(); f = open(a.out, "w")
 for step in range(1, a.steps + 1):
     nsy = sum(rng.random() < a.synth for _ in range(a.bs))
-    ids, att, lab = _batch(rng.sample(tr, a.bs - nsy) + rng.sample(sy, nsy), pad)
+    ids, att, lab = padded_batch(rng.sample(tr, a.bs - nsy) + rng.sample(sy, nsy), pad)
     loss = m(input_ids=ids, attention_mask=att, labels=lab).loss
     opt.zero_grad(); loss.backward(); opt.step()
     if step % a.every == 0:

@@ -21,23 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from agentrl.envs.render import ChatRenderer  # noqa: E402
 from agentrl.models.tiny import make_tiny_model  # noqa: E402
+from agentrl.run.warmup import padded_batch  # noqa: E402
 from examples.search_r1.env import SearchR1Env, expert_messages  # noqa: E402
 from examples.search_r1.questions import make_questions  # noqa: E402
-
-
-def _batch(rows, pad):
-    """Right-padded input ids, attention mask and labels (-100 off the trained tokens) of ``rows``."""
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-    return input_ids, attention, labels
 
 which, minutes, out_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 cfg = yaml.safe_load(Path("examples/search_r1/config.yaml").read_text())
@@ -86,7 +72,7 @@ def measure():
     model.eval()
     first = last = whole = 0
     with torch.no_grad():
-        ids, att, labels = _batch(held, pad)
+        ids, att, labels = padded_batch(held, pad)
         pred = model(input_ids=ids, attention_mask=att).logits[:, :-1].argmax(-1)
         for row, (tids, mask) in enumerate(held):
             ok = [bool(pred[row, p - 1] == tids[p]) for p in range(1, len(tids))]
@@ -108,7 +94,7 @@ step = 0
 with open(out_path, "w") as out:
     while time.monotonic() - t0 < minutes * 60:
         step += 1
-        ids, att, labels = _batch(rng.sample(train, 16), pad)
+        ids, att, labels = padded_batch(rng.sample(train, 16), pad)
         loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
         opt.zero_grad()
         loss.backward()
