@@ -9,32 +9,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.arithmetic import SYSTEM_PROMPT, question
+from agentrl.envs.arithmetic import ArithmeticEnv
 from agentrl.envs.mcp import MCPEnvironment
-from agentrl.envs.tools import tool
 
 SERVER = Path(__file__).with_name("server.py")
 
 
-class MCPArithmeticEnv(MCPEnvironment):
+class MCPArithmeticEnv(MCPEnvironment, ArithmeticEnv):
+    """The arithmetic env's prompt, ``submit`` and task fields; ``add`` from the MCP server."""
+
     max_turns = 4
-    task_fields = ("a", "b", "answer")
     mcp_command = [sys.executable, str(SERVER)]
 
     def prompt(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-        self.submitted: int | None = None
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question(task)}]
-
-    @tool
-    def submit(self, answer: int) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: the sum.
-        """
-        self.submitted = answer
-        self.done = True
-        return "ok"
+        return ArithmeticEnv.reset(self, task)
 
     def reward(self) -> float:
         return float("add" in self.mcp_calls and self.submitted == self.task["answer"])
