@@ -50,6 +50,7 @@ class TransportOptions(Settings):
 
     transport: str = Field(DEFAULT_TRANSPORT, description="how the weights travel: "
                            f"{', '.join(TRANSPORTS)} or module:Class (a Transport subclass)")
+    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
 
 
 @dataclass

@@ -47,7 +47,6 @@ class BroadcastOptions(TransportOptions):
     group_name: str | None = Field(None, description="null: one per transport, so a group left behind by a crashed "
                                    "sender never blocks a new one")
     group_timeout_s: float = Field(600.0, gt=0, description="how long a collective may wait for every member")
-    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
 
 
 class BroadcastTransport(Transport):
@@ -60,20 +59,15 @@ class BroadcastTransport(Transport):
 
     def __init__(self, engines: Any, options: BroadcastOptions | None = None, **values: Any) -> None:
         super().__init__(engines, options, **values)
-        self.bucket_bytes = self.options.bucket_bytes
-        self.backend = self.options.backend
-        self.master_address = self.options.master_address
-        self.master_port = self.options.master_port
         self.group_name = self.options.group_name or f"agentrl_weights_{os.getpid()}_{id(self):x}"
         self.group_timeout = timedelta(seconds=self.options.group_timeout_s)
-        self.flush_cache = self.options.flush_cache
         self.group: Any = None
         self.group_backend: str | None = None
-        self._last_backend = self.backend or "gloo"  # for a delta, which has no tensors to tell the device
+        self._last_backend = self.options.backend or "gloo"  # for a delta, which has no tensors to tell the device
 
     def backend_for(self, tensors: list[tuple[str, torch.Tensor]]) -> str:
         """The configured backend, else ``nccl`` for CUDA tensors and ``gloo`` otherwise."""
-        return self.backend or ("nccl" if tensors and tensors[0][1].is_cuda else "gloo")
+        return self.options.backend or ("nccl" if tensors and tensors[0][1].is_cuda else "gloo")
 
     def ensure_group(self, backend: str) -> Any:
         """The open process group with every engine (opened on first use); rank 0 is this process."""
@@ -87,17 +81,18 @@ class BroadcastTransport(Transport):
         urls = self.engines.urls
         world_size = 1 + len(urls)
         store = None
-        if self.master_port:
-            port = self.master_port
+        address = self.options.master_address
+        if self.options.master_port:
+            port = self.options.master_port
         else:
-            store = listening_store(self.master_address, world_size=world_size, timeout=self.group_timeout)
+            store = listening_store(address, world_size=world_size, timeout=self.group_timeout)
             port = store.port
         futures = [
             self.engines.submit(
                 url,
                 "/init_weights_update_group",
                 {
-                    "master_address": self.master_address,
+                    "master_address": address,
                     "master_port": port,
                     "rank_offset": 1 + i,
                     "world_size": world_size,
@@ -110,7 +105,7 @@ class BroadcastTransport(Transport):
         try:
             self.group = init_custom_process_group(
                 backend,
-                f"tcp://{self.master_address}:{port}",
+                f"tcp://{address}:{port}",
                 world_size=world_size,
                 rank=0,
                 group_name=self.group_name,
@@ -128,7 +123,7 @@ class BroadcastTransport(Transport):
         backend = self._last_backend = self.backend_for(tensors)
         try:
             self.ensure_group(backend)
-            buckets = plan_buckets(tensors, bucket_bytes=self.bucket_bytes)
+            buckets = plan_buckets(tensors, bucket_bytes=self.options.bucket_bytes)
             sent = 0
             for i, bucket in enumerate(buckets):
                 last = i == len(buckets) - 1
@@ -137,7 +132,7 @@ class BroadcastTransport(Transport):
                     "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                     "shapes": [list(t.shape) for _, t in bucket],
                     "group_name": self.group_name,
-                    "flush_cache": self.flush_cache and last,
+                    "flush_cache": self.options.flush_cache and last,
                     "weight_version": weight_version if last else None,
                 }
                 answers = self.engines.submit_all("/update_weights_from_distributed", body)

@@ -104,7 +104,6 @@ class DiskOptions(TransportOptions):
 
     directory: Path | None = Field(None, description="where the files go, readable by every engine (a directory every node "
                                   "mounts reaches other hosts); null: a fresh one on /dev/shm, this host only")
-    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
     abort_all_requests: bool = Field(False, description="engines abort requests in flight before loading")
     keep_old_versions: bool = Field(False, description="keep every version's directory (default: the latest only)")
 

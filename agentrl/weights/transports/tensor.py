@@ -95,7 +95,6 @@ class TensorOptions(TransportOptions):
     handles: Handles = Field("shm", description="shm (CPU, same host), cuda_ipc (GPU, colocated) or safetensors (in the body)")
     bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, description="size of one flattened bucket")
     device: str | None = Field(None, description="where buckets are staged (null: cuda for cuda_ipc, else cpu)")
-    flush_cache: bool = Field(True, description="engines drop their prefix cache after loading")
     flat: bool | None = Field(None, description="whole buckets (true) or SGLang's per-tensor list (false); null: "
                               "whole buckets to engines that take them")
 
@@ -111,9 +110,6 @@ class TensorTransport(Transport):
     def __init__(self, engines: Any, options: TensorOptions | None = None, **values: Any) -> None:
         super().__init__(engines, options, **values)
         self.handles = self.options.handles
-        self.bucket_bytes = self.options.bucket_bytes
-        self.flush_cache = self.options.flush_cache
-        self.flat = self.options.flat
         self._takes_flat: dict[str, bool] = {}  # engine URL -> whether it took flat buckets (asked once)
         self._kept_by: set[str] = set()  # engines holding our CUDA buckets open (dropped on close)
         self._staged: tuple[list, list[Bucket], list[torch.Tensor]] | None = None  # see _stage
@@ -128,8 +124,8 @@ class TensorTransport(Transport):
         """Whether every engine at ``urls`` takes ``flat_buckets`` (asked once per engine, see module doc)."""
         if self.handles == "safetensors":
             return False
-        if self.flat is not None:
-            return self.flat
+        if self.options.flat is not None:
+            return self.options.flat
         from agentrl.engine.weight_loading import EMBEDDED_ENGINE
 
         unknown = [u for u in urls if u not in self._takes_flat]
@@ -159,7 +155,7 @@ class TensorTransport(Transport):
         for i, group in enumerate(groups):
             last = i == len(groups) - 1
             began = time.perf_counter()
-            body = self._body(group, weight_version if last else None, fmt, flat=flat, flush=self.flush_cache and last)
+            body = self._body(group, weight_version if last else None, fmt, flat=flat, flush=self.options.flush_cache and last)
             requested = time.perf_counter()
             timings["export_s"] += requested - began
             try:
@@ -190,15 +186,15 @@ class TensorTransport(Transport):
         import torch
 
         if fmt == "safetensors":
-            return list(make_buckets(tensors, bucket_bytes=self.bucket_bytes))
+            return list(make_buckets(tensors, bucket_bytes=self.options.bucket_bytes))
         signature = [(name, t.shape, t.dtype, t.device) for name, t in tensors] if self.staging.persistent else None
         if signature is not None and self._staged is not None and self._staged[0] == signature:
             _, buckets, views = self._staged
             with torch.no_grad():
                 torch._foreach_copy_(views, [t for _, t in tensors])
             return buckets
-        limit = max(self.bucket_bytes, sum(t.numel() * t.element_size() for _, t in tensors)) if one_per_dtype \
-            else self.bucket_bytes
+        limit = max(self.options.bucket_bytes, sum(t.numel() * t.element_size() for _, t in tensors)) if one_per_dtype \
+            else self.options.bucket_bytes
         buckets = list(make_buckets(tensors, bucket_bytes=limit, allocate=self.staging.allocate))
         devices = {t.device for _, t in tensors}
         if signature is not None and devices == {b.flat.device for b in buckets} and len(devices) == 1:
