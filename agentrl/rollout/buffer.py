@@ -69,16 +69,18 @@ def group_lag(group: list[Sample], trainer_version: int) -> int | None:
 def staleness_metrics(samples: Iterable[Sample], trainer_version: int) -> dict[str, float]:
     """Version lag of every trained token against the weights being trained (``trainer_version``):
     ``rollout/staleness_max`` and ``_mean`` (token-weighted), and ``rollout/staleness_hist/<lag>``, the
-    trained tokens at each lag (``unknown``: a version that is not a step number)."""
+    trained tokens at each lag (``unknown``: a version that is not a step number). A batch that trains no
+    token of a known version has no lag: max and mean are left out, not reported as 0 (a step whose groups
+    were all filtered would otherwise read as fresh under a schedule that is one step off)."""
     hist: Counter[int | None] = Counter()
     for sample in samples:
         for version, n in trained_token_versions(sample).items():
             hist[None if version is None else trainer_version - version] += n
-    known = {lag: n for lag, n in hist.items() if lag is not None}
-    total = sum(known.values())
-    out = {"rollout/staleness_max": float(max(known, default=0)),
-           "rollout/staleness_mean": sum(lag * n for lag, n in known.items()) / total if total else 0.0}
-    out.update({f"rollout/staleness_hist/{lag}": float(n) for lag, n in sorted(known.items())})
+    known = dict(sorted((lag, n) for lag, n in hist.items() if lag is not None))
+    out = {f"rollout/staleness_hist/{lag}": float(n) for lag, n in known.items()}
+    if known:
+        out["rollout/staleness_max"] = float(max(known))
+        out["rollout/staleness_mean"] = sum(lag * n for lag, n in known.items()) / sum(known.values())
     if hist[None]:
         out["rollout/staleness_hist/unknown"] = float(hist[None])
     return out

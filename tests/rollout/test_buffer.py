@@ -12,6 +12,7 @@ from agentrl.rollout.buffer import (
     keep_all,
     load_samples_jsonl,
     save_samples_jsonl,
+    staleness_metrics,
 )
 from agentrl.trajectory import Provenance, Sample, TokenProvenance
 
@@ -82,3 +83,15 @@ def test_dynamic_sampling_keeps_exactly_mixed_groups(pairs):
     for g, _ in pairs:
         distinct = {r for gg, r in pairs if gg == g}
         assert (str(g) in kept) == (len(distinct) > 1)
+
+
+def test_staleness_is_the_lag_of_trained_tokens_and_absent_when_none_is_trained() -> None:
+    # _sample's 3 trained tokens were sampled by version "1"
+    assert staleness_metrics([_sample("a", 0.0), _sample("a", 1.0)], trainer_version=2) == {
+        "rollout/staleness_hist/1": 6.0, "rollout/staleness_max": 1.0, "rollout/staleness_mean": 1.0}
+    # A step whose groups were all filtered trains nothing: no lag is claimed (a plain one-step-off run
+    # showed staleness 0 on such steps, which read as "fresh")
+    assert staleness_metrics([], trainer_version=2) == {}
+    untrained = _sample("a", 0.0)
+    untrained.loss_mask = [0] * len(untrained.loss_mask)
+    assert staleness_metrics([untrained], trainer_version=2) == {}
