@@ -26,6 +26,7 @@ from agentrl.trainer.batch import (
     validate_sample,
 )
 from agentrl.trainer.cpu_shims import cuda_to_cpu
+from agentrl.trainer.lora import adapter_tensors, apply_lora, merged_state_dict
 from agentrl.trainer.logprobs import token_logprobs, vocab_parallel_entropy
 from agentrl.trainer.losses import kl_in_reward, policy_loss
 from agentrl.trainer.model import (
@@ -209,6 +210,8 @@ class MegatronTrainer:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
         self.gpt = self._build(self.model_dir)
+        if cfg.lora.enabled:  # before DDP and the optimizer: they see only the adapters as trainable
+            apply_lora(self.gpt, cfg.lora, self.shape, tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.seed)
         self.model = self._wrap_ddp(self._mixed_precision(self.gpt))
         self.optimizer = self._build_optimizer()
         self.scheduler = self._build_scheduler()
@@ -613,8 +616,15 @@ class MegatronTrainer:
         from megatron.core import parallel_state
 
         group = parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
-        return megatron_to_hf_named_tensors(megatron_state_dict(self.gpt), self.shape,
-                                            spec=spec_flavour(self.attention), tp_group=group)
+        state = merged_state_dict(self.gpt) if self.config.lora.enabled else megatron_state_dict(self.gpt)
+        return megatron_to_hf_named_tensors(state, self.shape, spec=spec_flavour(self.attention), tp_group=group)
+
+    def export_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+        """``(hf_module, A, B)`` of every LoRA adapter, full tensors, ``B`` unscaled (all TP ranks iterate)."""
+        from megatron.core import parallel_state
+
+        return adapter_tensors(self.gpt, tp_group=parallel_state.get_tensor_model_parallel_group()
+                               if self.tp_size > 1 else None)
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from agentrl.settings import FunctionPath, Settings
+from agentrl.trainer.lora import LoraConfig
 from agentrl.trainer.losses import LossConfig
 
 
@@ -27,6 +28,7 @@ class TrainerConfig(Settings):
     attention: Literal["auto", "sdpa", "local", "te"] = Field("auto", description="core attention backend")
     seed: int = Field(1234, description="Megatron RNG seed")
     recompute: bool = Field(False, description="full activation recomputation (memory for compute)")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="low-rank adapters (rank > 0: only they train)")
     # optimizer + schedule (Megatron's Adam with decoupled weight decay, or plain SGD)
     optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer")
     lr: float = Field(1e-6, gt=0, description="peak learning rate")
