@@ -1,4 +1,4 @@
-"""``agentrl rollout`` (rollout only: episodes to a Samples JSONL) and ``agentrl eval`` (held-out accuracy).
+"""``agentrl rollout`` (rollout only: episodes to a Samples JSONL) and ``agentrl eval`` (held-out pass@k).
 
 Both start embedded engines behind smg for a local model directory, run the environment's episodes
 through them (:meth:`~agentrl.rollout.manager.RolloutManager.rollout`, the training path's episode pool)
@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from agentrl.envs import load_function
@@ -25,9 +26,9 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("model", type=local_model_dir, help="local HF model directory (weights, tokenizer, chat template)")
     p.add_argument("--env", default="agentrl.envs.arithmetic:ArithmeticToolEnv", help="module:Environment")
     p.add_argument("--tasks", default="agentrl.envs.arithmetic:make_tasks",
-                   help="module:fn(n, *, seed, split, **task_kwargs) -> tasks")
+                   help="module:fn(n, *, seed, split, **task_kwargs) -> tasks, or a JSONL file of task objects")
     p.add_argument("--task-kwargs", default='{"multi_turn": true}', type=json.loads, help="JSON object")
-    p.add_argument("--num-tasks", type=int, default=200)
+    p.add_argument("--num-tasks", type=int, default=200, help="tasks to play (of a JSONL file: its first ones)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engines", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -39,7 +40,10 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 def _with_engines(args: argparse.Namespace, split: str, temperature: float,
                   play: Callable[[RolloutManager, list[Any]], Awaitable[Any]]) -> Any:
     """Start engines + router for ``args.model``, await ``play(manager, tasks)``, stop everything."""
-    tasks = load_function(args.tasks)(args.num_tasks, seed=args.seed, split=split, **args.task_kwargs)
+    if args.tasks.endswith(".jsonl"):
+        tasks = read_jsonl_tasks(args.tasks)[: args.num_tasks]
+    else:
+        tasks = load_function(args.tasks)(args.num_tasks, seed=args.seed, split=split, **args.task_kwargs)
     settings = RolloutSettings(num_engines=args.engines, temperature=temperature, max_new_tokens=args.max_new_tokens,
                                concurrency=args.concurrency, policy=args.policy)
     manager = RolloutManager(args.model, load_function(args.env), settings).start()
@@ -70,11 +74,51 @@ def rollout_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def read_jsonl_tasks(path: str) -> list[dict[str, Any]]:
+    """The task objects of a JSONL file, one per non-blank line; a line that is not a JSON object is a
+    ``SystemExit`` naming the file and line (before any engine starts)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise SystemExit(f"--tasks {path}: {err.strerror or err}") from None
+    tasks = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--tasks {path}, line {number}: not JSON ({err.msg})") from None
+        if not isinstance(task, dict):
+            raise SystemExit(f"--tasks {path}, line {number}: a task is a JSON object, got {type(task).__name__}")
+        tasks.append(task)
+    if not tasks:
+        raise SystemExit(f"--tasks {path}: no tasks in the file")
+    return tasks
+
+
 def eval_main(argv: list[str] | None = None) -> int:
-    p = _parser("agentrl eval", "Greedy held-out accuracy (mean reward) of a model on an environment.")
+    p = _parser("agentrl eval", "Held-out pass@k and mean@k of a model on an environment: one greedy episode "
+                "per task and, with --k above 1, k sampled ones; per task family, with 95% intervals.")
+    p.add_argument("--k", type=int, default=1, help="sampled episodes per task (pass@1, 2, 4, ..., k); 1: greedy only")
+    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled episodes")
+    p.add_argument("--family-key", default="family", help="task field naming its family (absent: family 'all')")
+    p.add_argument("--threshold", type=float, default=1.0, help="an episode passes when its reward reaches this")
+    p.add_argument("--out", help="write the result JSON here too")
     args = p.parse_args(argv)
-    result = _with_engines(args, "heldout", 0.0, lambda manager, tasks: manager.evaluate(tasks))
-    print(json.dumps({"model": args.model, "env": args.env, **result}))
+    if args.k < 1:
+        p.error(f"--k must be at least 1, got {args.k}")
+    if args.tasks.endswith(".jsonl"):
+        read_jsonl_tasks(args.tasks)  # a bad file is refused before engines start
+    from agentrl.rollout.passk import evaluate_passk, headline
+
+    result = _with_engines(args, "heldout", 0.0, lambda manager, tasks: evaluate_passk(
+        manager, tasks, k=args.k, temperature=args.temperature, family_key=args.family_key, threshold=args.threshold))
+    report = {"model": args.model, "env": args.env, "tasks": args.tasks, "k": args.k, **headline(result), **result}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
     return 0
 
 
