@@ -209,8 +209,15 @@ class RolloutWorker:
     def load_buffer_state(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state)
 
-    async def evaluate(self, tasks: list[Any]) -> dict[str, float]:
-        result = await self._abandoned_on_shutdown(self.manager.evaluate(tasks))
+    async def evaluate(self, tasks: list[Any], passk: dict[str, Any] | None = None) -> dict[str, float]:
+        """Greedy held-out accuracy; with ``passk`` (:func:`agentrl.rollout.passk.evaluate_passk`'s keyword
+        arguments) also its pass@k and mean@k rows."""
+        if passk is None:
+            result = await self._abandoned_on_shutdown(self.manager.evaluate(tasks))
+        else:
+            from agentrl.rollout.passk import evaluate_passk, run_metrics
+
+            result = run_metrics(await self._abandoned_on_shutdown(evaluate_passk(self.manager, tasks, **passk)))
         if self.agents is not None:
             self.agents.metrics()  # the agent counts of a training batch leave evaluation episodes out
         return result

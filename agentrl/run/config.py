@@ -65,6 +65,17 @@ class EvalSection(Settings):
     every: int = Field(5, ge=1, description="GRPO steps between held-out evaluations (and checkpoints)")
     num_tasks: int = Field(200, ge=1, description="held-out tasks, one greedy episode each")
     best_metric: str = Field("eval_accuracy", description="higher is better: its best checkpoint is kept and exported to hf/best")
+    k: int = Field(1, ge=1, description="sampled episodes per held-out task besides the greedy one: eval/sampled/pass@1, 2, 4, "
+                                        "..., k and mean@k (1: greedy only, eval/greedy/pass@1)")
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                      description="temperature of the sampled episodes; null: rollout.temperature")
+    family_key: str = Field("family", description="task field naming its family: every eval value is also given per family")
+    pass_threshold: float = Field(1.0, allow_inf_nan=False, description="an episode passes when its reward reaches this")
+
+    def passk(self, rollout_temperature: float) -> dict[str, Any]:
+        """The keyword arguments of :func:`agentrl.rollout.passk.evaluate_passk` for this section."""
+        return {"k": self.k, "temperature": rollout_temperature if self.temperature is None else self.temperature,
+                "family_key": self.family_key, "threshold": self.pass_threshold}
 
 
 class RunConfig(Settings):

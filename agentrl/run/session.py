@@ -255,10 +255,10 @@ class Run:
                 "sync/full_bytes": report["full_bytes"]}
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy held-out accuracy of the weights the engines serve."""
+        """Held-out pass@k of the weights the engines serve (``eval_accuracy``: greedy; :mod:`agentrl.rollout.passk`)."""
         import ray
 
-        return ray.get(self.rollout.evaluate.remote(self.heldout))
+        return ray.get(self.rollout.evaluate.remote(self.heldout, self.cfg.eval.passk(self.cfg.rollout.temperature)))
 
     def save(self, step: int) -> None:
         """Checkpoint every rank and the data buffer as ``step``; point ``latest`` at it."""

@@ -116,3 +116,13 @@ def test_metric_names_of_a_run_and_of_the_command() -> None:
     assert flat_metrics(result).keys() <= row.keys()
     top = headline(result)
     assert top["pass@1"] == 0.25 and top["pass@2"] == 0.5 and top["greedy_accuracy"] == 0.5
+
+
+def test_the_run_config_names_the_evaluation() -> None:
+    from agentrl.run.config import load_config
+
+    cfg = load_config(None, ["--eval.k", "4", "--rollout.temperature", "0.3", "--eval.family_key", "kind"])
+    assert cfg.eval.passk(cfg.rollout.temperature) == {"k": 4, "temperature": 0.3, "family_key": "kind", "threshold": 1.0}
+    assert load_config(None, ["--eval.temperature", "0.9"]).eval.passk(0.3)["temperature"] == 0.9
+    with pytest.raises(ValueError, match="eval.k"):
+        load_config(None, ["--eval.k", "0"])
