@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("agentrl.sandbox.cli:main", "sandbox setup (dockerd + base image) and gc of orphaned containers"),
     "check-logprobs": ("agentrl.run.check_logprobs:main", "engine vs Megatron log-prob agreement on sampled turns"),
     "check-weight-sync": ("agentrl.run.check_weight_sync:main", "bitwise check of one weight-sync mode"),
-    "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 model + test tokenizer"),
+    "make-tiny-model": ("agentrl.models.tiny:main", "write a tiny random-init Qwen2 (or --arch qwen3_moe) model + test tokenizer"),
     "dump": ("agentrl.trajectory.dump:main", "print samples aligned with loss mask and provenance"),
     "view": ("agentrl.view.cli:main", "a run's samples token by token, curves and checkpoints, in the browser"),
 }
