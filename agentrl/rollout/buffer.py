@@ -1,15 +1,14 @@
-"""Data buffer between rollout and training: GRPO groups in, training batches out.
+"""Between rollout and training: which GRPO groups are trained, and how stale their tokens are.
 
-Groups are kept whole (a GRPO advantage needs every sample of its group). A filter plug-in decides which
+Groups are judged whole (a GRPO advantage needs every sample of its group). A filter plug-in decides which
 groups are worth training on; the default drops groups whose rewards all agree (zero variance → zero
-advantage, DAPO's dynamic sampling). The cursor (groups handed out so far) is part of checkpoints, so a
-resumed run continues where it stopped.
+advantage, DAPO's dynamic sampling). Saved samples (JSONL) are written and read here too.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -87,24 +86,14 @@ def staleness_metrics(samples: Iterable[Sample], trainer_version: int) -> dict[s
 
 
 class DataBuffer:
-    """Holds complete GRPO groups (samples sharing ``group_id``) until the trainer takes them."""
+    """The group filter between rollout and training, and its counts (checkpointed): a GRPO group (the
+    samples of one task, sharing ``group_id``) is trained only when ``group_filter`` keeps it. The episode
+    pool holds groups until the trainer takes them; this object only judges and counts them."""
 
     def __init__(self, group_filter: GroupFilter = has_reward_variance) -> None:
-        self._groups: OrderedDict[str, list[Sample]] = OrderedDict()
         self._filter = group_filter
         self.groups_added = 0
         self.groups_dropped = 0
-        self.cursor = 0  # groups handed to the trainer so far
-
-    def add_groups(self, groups: Iterable[list[Sample]]) -> None:
-        for group in groups:
-            if not group:
-                continue
-            group_id = group[0].group_id
-            if any(s.group_id != group_id for s in group):
-                raise ValueError(f"group mixes group ids: {sorted({str(s.group_id) for s in group})}")
-            if self.keeps(group):
-                self._groups.setdefault(str(group_id), []).extend(group)
 
     def keeps(self, group: list[Sample]) -> bool:
         """Whether the group filter keeps ``group``; counted in ``groups_added`` / ``groups_dropped``."""
@@ -113,35 +102,18 @@ class DataBuffer:
         self.groups_dropped += not kept
         return kept
 
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def take(self, n_groups: int | None = None) -> list[Sample]:
-        """Remove and return up to ``n_groups`` whole groups (all of them when None), oldest first."""
-        n = len(self._groups) if n_groups is None else min(n_groups, len(self._groups))
-        samples: list[Sample] = []
-        for _ in range(n):
-            _, group = self._groups.popitem(last=False)
-            samples.extend(group)
-        self.cursor += n
-        return samples
+    def kept(self, groups: Iterable[list[Sample]]) -> list[list[Sample]]:
+        """The non-empty groups of ``groups`` the filter keeps, in order."""
+        return [group for group in groups if group and self.keeps(group)]
 
     def state_dict(self) -> dict:
-        return {
-            "cursor": self.cursor,
-            "groups_added": self.groups_added,
-            "groups_dropped": self.groups_dropped,
-            "pending": [[s.to_dict() for s in g] for g in self._groups.values()],
-        }
+        return {"groups_added": self.groups_added, "groups_dropped": self.groups_dropped}
 
     def load_state_dict(self, state: dict) -> None:
-        self.cursor = state["cursor"]
+        # Checkpoints written before the episode pool also hold a cursor and pending groups; the pool
+        # never left groups here, so there is nothing of them to restore.
         self.groups_added = state["groups_added"]
         self.groups_dropped = state["groups_dropped"]
-        self._groups.clear()
-        for group in state["pending"]:
-            samples = [Sample.from_dict(d) for d in group]
-            self._groups[str(samples[0].group_id)] = samples
 
 
 def save_samples_jsonl(samples: Iterable[Sample], path: str | Path) -> int:

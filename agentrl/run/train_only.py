@@ -25,18 +25,16 @@ def train_from_samples(cfg: RunConfig, samples_path: str | Path) -> Path:
     for sample in load_samples_jsonl(samples_path):
         groups.setdefault(str(sample.group_id), []).append(sample)
     buffer = DataBuffer(load_function(cfg.group_filter))
-    buffer.add_groups(groups.values())
+    kept, n = buffer.kept(groups.values()), cfg.rollout.prompts_per_step
     from agentrl.run import placement
 
     placement.connect(cfg.ray, env_vars={"TOKENIZERS_PARALLELISM": "false"}, default_cpus=max(4, cfg.trainer_ranks + 1))
     try:
         trainers = start_trainer_group(base_model_dir(cfg), cfg.trainer.model_dump(), cfg.rollout.temperature,
                                        cfg.trainer_ranks)
-        step = 0
-        while len(buffer) and step < cfg.steps:
-            batch = ray.put(buffer.take(cfg.rollout.prompts_per_step))
+        for step, start in enumerate(range(0, min(len(kept), cfg.steps * n), n), start=1):
+            batch = ray.put([s for group in kept[start:start + n] for s in group])
             metrics = ray.get([t.train.remote(batch) for t in trainers])[0]
-            step += 1
             log.write({"step": step, "train/groups_dropped": buffer.groups_dropped,
                        **{f"train/{k}": v for k, v in metrics.items()}})
     finally:

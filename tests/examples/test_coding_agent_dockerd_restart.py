@@ -159,9 +159,8 @@ def _assert_failed_and_dropped(result, match: str) -> None:
     assert failed[0].samples == []  # nothing of it is trained: no reward, not a reward of 0
     summary = result.summary()
     assert summary["failed"] == 1 and summary["failure_reasons"] == {"SandboxFailure": 1}
-    buffer = DataBuffer(lambda group: True)
-    buffer.add_groups([[s for e in group for s in e.samples] for group in result.groups])
-    assert [s.reward for s in buffer.take()] == [1.0]  # the group trains on the episode after the restart
+    kept = DataBuffer(lambda group: True).kept([[s for e in group for s in e.samples] for group in result.groups])
+    assert [s.reward for group in kept for s in group] == [1.0]  # the group trains on the episode after the restart
     assert FunctionEnv.rollout_metrics()["sandbox/failed_episodes"] == 1
 
 

@@ -407,9 +407,8 @@ def test_a_killed_sandbox_fails_its_episode_and_is_dropped_from_training(docker,
     summary = result.summary()
     assert summary["failed"] == 1 and summary["failure_reasons"] == {"SandboxFailure": 1}
     assert summary["reward_mean"] == 1.0  # over the episode that has a reward
-    buffer = DataBuffer(lambda group: True)
-    buffer.add_groups([[s for e in group for s in e.samples] for group in result.groups])
-    assert [s.reward for s in buffer.take()] == [1.0]
+    kept = DataBuffer(lambda group: True).kept([[s for e in group for s in e.samples] for group in result.groups])
+    assert [s.reward for group in kept for s in group] == [1.0]
     with pool.session() as fresh:  # the dead sandbox was replaced, the pool is whole
         assert fresh.healthy() and pool.idle_count == 1
 

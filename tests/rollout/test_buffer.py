@@ -1,8 +1,7 @@
-"""DataBuffer keeps GRPO groups whole, filters zero-variance groups and survives a checkpoint round trip."""
+"""DataBuffer judges GRPO groups whole, drops zero-variance groups, counts them across a checkpoint; staleness."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,38 +24,24 @@ def _sample(group: str, reward: float, n_prompt: int = 2, n_resp: int = 3) -> Sa
     )
 
 
-def test_zero_variance_groups_are_dropped_and_counted() -> None:
+def test_zero_variance_groups_are_dropped_and_counted_in_order() -> None:
     buf = DataBuffer()
-    buf.add_groups([[_sample("a", 1.0), _sample("a", 0.0)], [_sample("b", 1.0), _sample("b", 1.0)]])
-    assert len(buf) == 1 and buf.groups_added == 2 and buf.groups_dropped == 1
-    assert {s.group_id for s in buf.take()} == {"a"}
+    groups = [[_sample("a", 1.0), _sample("a", 0.0)], [_sample("b", 1.0), _sample("b", 1.0)], [],
+              [_sample("c", 0.0), _sample("c", 1.0)]]
+    assert [g[0].group_id for g in buf.kept(groups)] == ["a", "c"]  # the empty group is not judged
+    assert buf.groups_added == 3 and buf.groups_dropped == 1
+    assert DataBuffer(group_filter=keep_all).kept(groups) == [g for g in groups if g]
 
 
-def test_take_returns_whole_groups_oldest_first_and_advances_cursor() -> None:
-    buf = DataBuffer(group_filter=keep_all)
-    buf.add_groups([[_sample(g, r) for r in (0.0, 1.0, 0.5)] for g in "xyz"])
-    first = buf.take(2)
-    assert [s.group_id for s in first] == ["x"] * 3 + ["y"] * 3
-    assert buf.cursor == 2 and len(buf) == 1
-    assert [s.group_id for s in buf.take()] == ["z"] * 3 and buf.cursor == 3
-
-
-def test_a_group_mixing_ids_is_rejected_without_losing_earlier_groups() -> None:
-    buf = DataBuffer(group_filter=keep_all)
-    buf.add_groups([[_sample("a", 0.0), _sample("a", 1.0)]])
-    with pytest.raises(ValueError, match="mixes group ids"):
-        buf.add_groups([[_sample("b", 0.0), _sample("c", 1.0)]])
-    assert len(buf) == 1
-
-
-def test_state_dict_round_trip_restores_pending_groups_and_cursor() -> None:
+def test_state_dict_round_trip_restores_the_counts_and_reads_old_checkpoints() -> None:
     buf = DataBuffer()
-    buf.add_groups([[_sample("a", 0.0), _sample("a", 1.0)], [_sample("b", 0.0), _sample("b", 1.0)]])
-    buf.take(1)
+    buf.kept([[_sample("a", 0.0), _sample("a", 1.0)], [_sample("b", 1.0), _sample("b", 1.0)]])
     restored = DataBuffer()
     restored.load_state_dict(buf.state_dict())
-    assert restored.cursor == 1 and len(restored) == 1
-    assert [s.to_dict() for s in restored.take()] == [s.to_dict() for s in buf.take()]
+    assert (restored.groups_added, restored.groups_dropped) == (2, 1)
+    old = DataBuffer()  # a checkpoint from before the episode pool: a cursor and (never used) pending groups
+    old.load_state_dict({"cursor": 7, "groups_added": 9, "groups_dropped": 4, "pending": []})
+    assert (old.groups_added, old.groups_dropped) == (9, 4)
 
 
 def test_jsonl_round_trip(tmp_path) -> None:
@@ -78,8 +63,7 @@ def test_dynamic_sampling_keeps_exactly_mixed_groups(pairs):
     by_group: dict[int, list[Sample]] = {}
     for g, r in pairs:
         by_group.setdefault(g, []).append(_sample(str(g), r))
-    buf.add_groups(by_group.values())
-    kept = {s.group_id for s in buf.take()}
+    kept = {g[0].group_id for g in buf.kept(by_group.values())}
     for g, _ in pairs:
         distinct = {r for gg, r in pairs if gg == g}
         assert (str(g) in kept) == (len(distinct) > 1)
