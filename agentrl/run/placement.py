@@ -115,8 +115,11 @@ def connect(settings: RaySettings, *, env_vars: dict[str, str], default_cpus: in
         # its engines) are the run itself, so they keep the driver's priority: on a shared machine their
         # threads at nice 15 lost the cores to anyone else's work (a rollout took 2.1 s in a run against
         # 1.0 s for the same engines started at nice 0, with nice-19 jobs beside them).
-        ray.init(address="local", num_cpus=settings.num_cpus or default_cpus, include_dashboard=False,
-                 log_to_driver=True, runtime_env=runtime_env, _system_config={"worker_niceness": 0})
+        context = ray.init(address="local", num_cpus=settings.num_cpus or default_cpus, include_dashboard=False,
+                           log_to_driver=True, runtime_env=runtime_env, _system_config={"worker_niceness": 0})
+        from agentrl.run.ray_watchdog import watch
+
+        watch(context.address_info["session_dir"])  # a SIGKILLed driver leaves no Ray process of its cluster
         return {"cluster": "local", "address": None}
     if settings.num_cpus is not None:
         raise PlacementError(f"ray.num_cpus sizes a local cluster; the run joins {address}, whose nodes declare their own")

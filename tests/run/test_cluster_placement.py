@@ -8,9 +8,11 @@ import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
+from agentrl.run import ray_watchdog
 from agentrl.run.placement import (
     EngineSupportError,
     GpuUnavailableError,
@@ -255,6 +257,8 @@ def test_actors_get_the_drivers_directory_on_their_path(monkeypatch, tmp_path) -
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", "/opt/site")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs) or SimpleNamespace(address_info={"session_dir": "/s"}))
+    monkeypatch.setattr(ray_watchdog, "watch", lambda session_dir: seen.update(watched=session_dir))
     connect(RaySettings(), env_vars={"X": "1"}, default_cpus=1)
+    assert seen["watched"] == "/s"  # a local cluster gets its watchdog
     assert seen["runtime_env"]["env_vars"] == {"PYTHONPATH": f"{tmp_path}{__import__('os').pathsep}/opt/site", "X": "1"}
