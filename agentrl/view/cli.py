@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import socket
 import sys
 
+from agentrl.engine.launch import is_loopback
 from agentrl.view.run_dir import RunDir, RunDirError
-
-LOOPBACK_NAMES = {"localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    """True for a loopback address or ``localhost`` (every address it resolves to is loopback)."""
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +30,7 @@ def _fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not is_loopback(args.host) and not args.allow_remote:
+    if not is_loopback(args.host.strip("[]")) and not args.allow_remote:
         return _fail(f"--host {args.host} is not a loopback address; pass --allow-remote to serve beyond "
                      "this machine")
     try:

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pytest
 
 from agentrl.cli import main as agentrl
-from agentrl.view.cli import is_loopback
+from agentrl.engine.launch import is_loopback
 from agentrl.view.tokens import PROVENANCE_CLASSES
 
 
@@ -78,7 +78,7 @@ def test_a_non_loopback_address_is_refused_by_default(run_dir, host, capsys) -> 
 
 
 def test_loopback_names() -> None:
-    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("[::1]") and is_loopback("localhost")
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("localhost.example.com")
 
 
