@@ -24,7 +24,6 @@ class EngineHost:
     def __init__(self, kind: str, model_dir: str, *, dtype: str, engine_args: list[str], log_dir: str | None,
                  threads: int, gpu_ids: list[int], index: int) -> None:
         self.where_ = {**here(), "engine": index, "gpu_ids": list(gpu_ids)}
-        self.gpu_ids = list(gpu_ids)
         env = visible_devices(gpu_ids)
         if gpu_ids:
             os.environ.update(env)  # before torch initialises CUDA in this process (the check below)
@@ -62,17 +61,6 @@ class EngineHost:
 
     def stop(self) -> None:
         self.engine.stop()
-
-    def kill(self) -> None:
-        self.engine.kill()
-
-    def command(self) -> list[str]:
-        return self.engine.command()
-
-    def child_env(self) -> dict[str, str]:
-        """The variables that place the engine process (``CUDA_VISIBLE_DEVICES``) as it was started with."""
-        env = self.engine.child_env()
-        return {k: env[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in env}
 
     def where(self) -> dict[str, Any]:
         return dict(self.where_)
@@ -113,9 +101,6 @@ class RemoteEngine:
 
         with contextlib.suppress(Exception):
             self._call("stop", timeout=timeout + 30)
-
-    def kill(self) -> None:
-        self._call("kill")
 
     def where(self) -> dict[str, Any]:
         return self._call("where")
