@@ -31,10 +31,12 @@ class WeightRoutes:
     """The weight and memory handlers of one engine (behind the secret, which the app adds)."""
 
     def __init__(self, engine: Engine) -> None:
+        from agentrl.engine.lora import AdapterMerger
         from agentrl.engine.weight_loading import FlatLayoutCache
 
         self.engine = engine
         self.flat_cache = FlatLayoutCache()  # the kept CUDA layout's views and checked copy plan (one sender's)
+        self.adapters = AdapterMerger()  # LoRA updates: merged from the base copy (agentrl.engine.lora)
 
     def router(self) -> APIRouter:
         router = APIRouter()
@@ -54,9 +56,22 @@ class WeightRoutes:
             self.engine.scheduler.abort(abort_all=True, message="Abort by weight update")
 
     async def apply(self, tensors: dict[str, Any], body: dict[str, Any], method: str, **kwargs: Any) -> dict[str, float]:
-        """``tensors`` copied in (in a worker thread) under the body's ``weight_version`` / ``flush_cache``."""
-        return await asyncio.to_thread(self.engine.apply_weights, tensors, weight_version=body.get("weight_version"),
-                                       flush_cache=body.get("flush_cache", True), method=method, **kwargs)
+        """``tensors`` copied in (in a worker thread) under the body's ``weight_version`` / ``flush_cache``;
+        LoRA adapters (:mod:`agentrl.engine.lora`) are merged into dense weights first."""
+        from agentrl.engine.lora import is_adapter_update
+
+        adapters = is_adapter_update(tensors)
+        if adapters:
+            tensors = await asyncio.to_thread(self.adapters.merge, self.engine.runner.named_tensors(), tensors,
+                                              self.engine.weight_version)
+            kwargs["require_all"] = False
+        timings = await asyncio.to_thread(self.engine.apply_weights, tensors, weight_version=body.get("weight_version"),
+                                          flush_cache=body.get("flush_cache", True), method=method, **kwargs)
+        if adapters:
+            self.adapters.merged_version = self.engine.weight_version
+        else:
+            self.adapters.forget()
+        return timings
 
     # ---- full weights -------------------------------------------------------------------------
     async def update_weights_from_disk(self, request: Request):

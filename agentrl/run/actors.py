@@ -74,18 +74,25 @@ class TrainerRank:
 
     def sync_weights(self, weight_version: str) -> dict[str, Any] | None:
         """Every rank exports (TP shards are gathered collectively); rank 0 pushes to the engines."""
-        named = self.trainer.export_hf_named_tensors()
+        from agentrl.weights.adapter_sync import adapter_named_tensors, sends_adapters
+
+        if self._sync_target is None:
+            raise RuntimeError("configure_sync() before sync_weights()")
+        mode, urls, options = self._sync_target
+        adapters = sends_adapters(mode)
+        lora = self.trainer.config.lora
+        named = (adapter_named_tensors(self.trainer.export_adapter_tensors(), lora.scale) if adapters
+                 else self.trainer.export_hf_named_tensors())
         if self.rank != 0:
             for _ in named:
                 pass
             return None
         if self._sync is None:
+            from agentrl.trainer.lora import dense_bytes
             from agentrl.weights.sync import make_sync
 
-            if self._sync_target is None:
-                raise RuntimeError("configure_sync() before sync_weights()")
-            mode, urls, options = self._sync_target
-            self._sync = make_sync(mode, urls, **options)
+            extra = {"dense_bytes": dense_bytes(self.trainer.hf_config, self.trainer.dtype)} if adapters else {}
+            self._sync = make_sync(mode, urls, **options, **extra)
         return self._sync.sync(named, weight_version).to_json()
 
     def export_hf(self, out_dir: str) -> str | None:

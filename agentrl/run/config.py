@@ -185,6 +185,18 @@ class RunConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _lora_syncs_adapters(self) -> RunConfig:
+        """With trainer.lora on, the default delta payload becomes ``adapter`` (same transport): the engines
+        get the adapters, not the weights. ``full`` (dense merged weights) is kept when asked for."""
+        from agentrl.weights.adapter_sync import ADAPTER_MODE, adapter_options, sends_adapters
+
+        if self.trainer.lora.enabled and self.sync_mode == "delta":
+            self.sync_mode, self.sync_options = ADAPTER_MODE, adapter_options(self.sync_options)
+        elif sends_adapters(self.sync_mode) and not self.trainer.lora.enabled:
+            raise ValueError(f"sync_mode {self.sync_mode!r} sends LoRA adapters; set trainer.lora.rank > 0")
+        return self
+
+    @model_validator(mode="after")
     def _env_speaks_a_known_format(self) -> RunConfig:
         """The environment's own tool_format / prompt_mode, where rollout does not override them."""
         from agentrl.envs import Environment

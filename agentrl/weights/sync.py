@@ -48,6 +48,7 @@ __all__ = ["MODES", "FullSync", "PayloadOptions", "SyncReport", "TransportOption
 MODES: dict[str, str] = {
     "full": "agentrl.weights.sync:FullSync",
     "delta": "agentrl.weights.delta_sync:DeltaSync",
+    "adapter": "agentrl.weights.adapter_sync:AdapterSync",
     # historical names: full weights over the transport of the same name
     "disk": "agentrl.weights.sync:DiskSync",
     "tensor": "agentrl.weights.transports.tensor:TensorSync",
@@ -159,10 +160,14 @@ class WeightSync:
         report.seconds = time.perf_counter() - start
         report.details["check_versions_s"] = round(report.seconds - (checking - start), 6)
         report.mode = self.mode
-        report.full_bytes = full_bytes(tensors)
+        report.full_bytes = self.full_size(tensors)
         report.engines = self.engine_urls
         report.details.update(payload=self.payload, transport=self.transport)
         return report
+
+    def full_size(self, tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """``SyncReport.full_bytes``: what sending every tensor of the policy costs (here: ``tensors``)."""
+        return full_bytes(tensors)
 
     def _push(self, tensors: list[tuple[str, torch.Tensor]], weight_version: str) -> SyncReport:
         """Send the tensors (tied aliases already dropped) and set the version on every engine; ``seconds``,
