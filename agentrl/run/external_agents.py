@@ -313,9 +313,6 @@ class ExternalAgents:
                     await asyncio.wait_for(self._server_task, 10)
         self._server = self._server_task = None
 
-    def counters(self) -> dict[str, float]:
-        return {k: float(v) for k, v in sorted(self.counts.items())}
-
     # ---- the episode function --------------------------------------------------------------------
     def raise_if_failing(self) -> None:
         """Fail the step when the agents keep failing (an episode's failure alone is one error episode)."""
