@@ -9,7 +9,6 @@ replaces it, so users change how episodes run without forking agentrl.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,24 +237,9 @@ class RolloutManager:
         return RolloutBatch(groups=[g for g in groups if g], metrics=metrics, episodes=episodes)
 
     async def evaluate(self, tasks: Sequence[Any]) -> dict[str, float]:
-        """Greedy held-out accuracy: mean reward of one episode per task at temperature 0, played by the
-        pool's episode runner (its samples are never trained, so they are not proved)."""
-        import asyncio
+        """Greedy held-out accuracy: mean reward of one episode per task at temperature 0 (a failed episode
+        counts 0), played by the pool's episode runner (never trained, so not proved)."""
+        from agentrl.rollout.passk import episode_rewards
 
-        from agentrl.rollout.episode_pool import EpisodeRunner
-        from agentrl.trajectory import TrajectoryManager
-
-        runner = EpisodeRunner(self.env_factory, self.renderer, self.client().generate_turn,
-                               trajectories=TrajectoryManager(policy=self.settings.policy),
-                               episode_function=self.episode_function(), max_context_tokens=self.max_context_tokens)
-        gate = asyncio.Semaphore(self.settings.concurrency or 1)
-        sampling = {"temperature": 0.0, "max_new_tokens": self.settings.max_new_tokens}
-        eval_id = uuid.uuid4().hex[:8]
-
-        async def one(t: int, task: Any) -> Any:
-            async with gate:
-                return await runner(task, f"eval-{eval_id}-{t}", f"eval-{eval_id}-{t}", sampling)
-
-        episodes = await asyncio.gather(*(one(t, task) for t, task in enumerate(tasks)))
-        rewards = [e.samples[0].reward for e in episodes if e.samples]
+        rewards = [r for (r,) in await episode_rewards(self, tasks, 1, 0.0) if r is not None]
         return {"eval_accuracy": sum(rewards) / max(len(tasks), 1), "eval_episodes": float(len(rewards))}
