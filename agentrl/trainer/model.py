@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from agentrl.trainer.moe import transformer_kwargs as moe_transformer_kwargs
 from agentrl.weights.convert import ModelShape, Spec, hf_to_megatron
 
 Attention = Literal["auto", "sdpa", "local", "te"]
@@ -76,6 +77,7 @@ def transformer_config_from_hf(
     dtype: torch.dtype = torch.float32,
     init_weights: bool = False,
     recompute: bool = False,
+    moe: Any = None,
     **overrides: Any,
 ):
     """Megatron ``TransformerConfig`` equivalent to a HF Qwen2/Qwen3/Llama config (dropout off)."""
@@ -121,6 +123,7 @@ def transformer_config_from_hf(
     )
     if recompute:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    kwargs.update(moe_transformer_kwargs(shape, moe))  # {} for dense models; ``moe``: trainer.moe settings
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -134,9 +137,10 @@ def layer_spec(hf_config: Any, attention: Attention = "auto"):
 
     shape = ModelShape.from_hf_config(hf_config)
     backend = resolve_attention(attention)
+    experts = shape.num_experts or None  # MoE: megatron-core's SequentialMLP experts (no grouped GEMM)
     if backend == "te":
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_layernorm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+        return get_gpt_layer_with_transformer_engine_spec(num_experts=experts, qk_layernorm=shape.qk_layernorm)
+    spec = get_gpt_layer_local_spec(num_experts=experts, qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
     if backend == "sdpa":
         from agentrl.trainer.attention import SDPACoreAttention
 
@@ -152,6 +156,7 @@ def build_gpt_model(
     attention: Attention = "auto",
     init_weights: bool = False,
     recompute: bool = False,
+    moe: Any = None,
 ):
     """A ``GPTModel`` shaped like ``hf_config`` (model parallel state must be initialised first).
 
@@ -160,7 +165,7 @@ def build_gpt_model(
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     config = transformer_config_from_hf(
-        hf_config, tp_size=tp_size, dtype=dtype, init_weights=init_weights, recompute=recompute
+        hf_config, tp_size=tp_size, dtype=dtype, init_weights=init_weights, recompute=recompute, moe=moe,
     )
     shape = ModelShape.from_hf_config(hf_config)
     theta, rope_kwargs = _rope(hf_config)
@@ -222,10 +227,13 @@ def load_hf_weights(
     tp_rank: int,
     tp_size: int,
     attention: Attention = "auto",
+    ep_rank: int = 0,
+    ep_size: int = 1,
 ) -> None:
     """Copy a full HF state dict into this rank's (unwrapped) ``GPTModel`` parameters, exactly."""
     shape = ModelShape.from_hf_config(hf_config)
-    converted = hf_to_megatron(hf_state, shape, tp_rank=tp_rank, tp_size=tp_size, spec=spec_flavour(attention))
+    converted = hf_to_megatron(hf_state, shape, tp_rank=tp_rank, tp_size=tp_size, spec=spec_flavour(attention),
+                               ep_rank=ep_rank, ep_size=ep_size)
     params = {n: p for n, p in model.state_dict(keep_vars=True).items() if not _is_extra_state(n)}
     missing = sorted(set(params) - set(converted))
     unexpected = sorted(set(converted) - set(params))
