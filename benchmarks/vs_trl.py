@@ -288,7 +288,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
             if out_of_time:
                 control.should_training_stop = True
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=cfg.model.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=cfg.trainer.dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, megatron_lr_factor(cfg.trainer))
@@ -305,7 +305,7 @@ def run_trl(cfg: Any, model_dir: str, budget_s: float, scratch: Path, threads: i
                          "per_device_train_batch_size": per_step, "num_generations": args.num_generations,
                          "beta": args.beta, "epsilon": args.epsilon, "epsilon_high": args.epsilon_high,
                          "loss_type": args.loss_type, "learning_rate": args.learning_rate,
-                         "dtype": cfg.model.dtype, "bf16_autocast": args.bf16}}
+                         "dtype": cfg.trainer.dtype, "bf16_autocast": args.bf16}}
 
 
 def megatron_lr_factor(cfg: Any):
