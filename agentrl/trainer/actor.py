@@ -39,7 +39,8 @@ from agentrl.trainer.model import (
     spec_flavour,
     unwrap,
 )
-from agentrl.trainer.parallel import init_model_parallel, tp_rank_size
+from agentrl.trainer.moe import MoERouting
+from agentrl.trainer.parallel import expert_parallel_rank_size, init_model_parallel, tp_rank_size
 from agentrl.trainer.trainer_config import TrainerConfig
 from agentrl.weights.convert import (
     ModelShape,
@@ -198,7 +199,7 @@ class MegatronTrainer:
         if model_dir is None and hf_config is None:
             raise ValueError("give a model directory or, for a random-init model, hf_config")
         self.model_dir = Path(model_dir) if model_dir is not None else None
-        init_model_parallel(cfg.tp_size, seed=cfg.seed)
+        init_model_parallel(cfg.tp_size, seed=cfg.seed, ep_size=cfg.moe.expert_parallel_size)
         self.tp_rank, self.tp_size = tp_rank_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
@@ -210,6 +211,7 @@ class MegatronTrainer:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
         self.gpt = self._build(self.model_dir)
+        self.moe = MoERouting(self.gpt, replay=cfg.moe.routing_replay)  # falsy for a dense model
         if cfg.lora.enabled:  # before DDP and the optimizer: they see only the adapters as trainable
             apply_lora(self.gpt, cfg.lora, self.shape, tp_rank=self.tp_rank, tp_size=self.tp_size, seed=cfg.seed)
         self.model = self._wrap_ddp(self._mixed_precision(self.gpt))
@@ -232,13 +234,13 @@ class MegatronTrainer:
     def _build(self, model_dir: Path | None):
         model = build_gpt_model(
             self.hf_config, tp_size=self.tp_size, dtype=self.dtype, attention=self.attention,
-            recompute=self.config.recompute, init_weights=model_dir is None,
+            recompute=self.config.recompute, init_weights=model_dir is None, moe=self.config.moe,
         )
         if model_dir is None:
             return model
         hf_state = load_hf_state_dict(model_dir)
         load_hf_weights(model, hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                        attention=self.attention)
+                        attention=self.attention, **expert_parallel_rank_size())
         return model
 
     def _mixed_precision(self, model):
@@ -303,6 +305,7 @@ class MegatronTrainer:
 
     def _model_forward(self, model, mb: MicroBatch, fp32: bool) -> torch.Tensor:
         mb = mb.to(self.device)
+        self.moe.route(mb)  # the routers replay (or compare with) this micro-batch's recorded experts
         # Float16Module upcasts its output unless told not to (no such wrapper, no such argument, in fp32)
         kwargs = {} if fp32 or self.dtype == torch.float32 else {"fp32_output": False}
         if mb.packed is not None:
@@ -376,8 +379,11 @@ class MegatronTrainer:
         return lp, entropy
 
     def _micro_batches(self, samples: Sequence[Any], advantages=None) -> list[MicroBatch]:
-        return make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id,
-                                  packed=self.packed)
+        mbs = make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id,
+                                 packed=self.packed)
+        if self.moe:
+            self.moe.attach(mbs, samples)  # the engine's expert choices, in each micro-batch's token order
+        return mbs
 
     @torch.no_grad()
     def _logprobs_per_mb(self, model, mbs: list[MicroBatch], trained_only: bool = False) -> list[torch.Tensor]:
@@ -473,6 +479,7 @@ class MegatronTrainer:
         metrics["lr"] = lr
         metrics["n_tokens"] = float(sum(sum(sample_field(s, "loss_mask")) for s in samples))
         metrics["step"] = float(self.step)
+        metrics.update(self.moe.metrics())  # moe/*: router losses, expert load, routing mismatch
         return metrics
 
     def _advantages(self, samples: list[Any], rewards: torch.Tensor, groups: list[Any], what: str) -> list[float]:
@@ -616,8 +623,10 @@ class MegatronTrainer:
         from megatron.core import parallel_state
 
         group = parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+        ep_group = parallel_state.get_expert_model_parallel_group() if self.config.moe.expert_parallel_size > 1 else None
         state = merged_state_dict(self.gpt) if self.config.lora.enabled else megatron_state_dict(self.gpt)
-        return megatron_to_hf_named_tensors(state, self.shape, spec=spec_flavour(self.attention), tp_group=group)
+        return megatron_to_hf_named_tensors(state, self.shape, spec=spec_flavour(self.attention), tp_group=group,
+                                            ep_group=ep_group)
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
         """``(hf_module, A, B)`` of every LoRA adapter, full tensors, ``B`` unscaled (all TP ranks iterate)."""

@@ -18,8 +18,7 @@ recorded (token, layer) choices the trainer's free top-k differs from) and ``rep
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -91,18 +90,20 @@ class _LayerRouting:
 
     def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
         probs, idx = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
-        if self.target is not None and torch.is_grad_enabled():
-            self.state.compare(idx, self.target, self.recorded)
+        if self.target is not None:
+            self.target, self.recorded = self.target.to(idx.device), self.recorded.to(idx.device)
+            if torch.is_grad_enabled():
+                self.state.compare(idx, self.target, self.recorded)
         if self.target is not None and self.state.replay:
-            idx = torch.where(self.recorded.unsqueeze(1), self.target.to(idx.device), idx)
+            idx = torch.where(self.recorded.unsqueeze(1), self.target, idx)
             probs = scores.gather(1, idx)
         self.chosen = idx.detach()
         return probs, idx
 
 
 class MoERouting:
-    """Replay and metrics for every router of a model (:meth:`install` once, :meth:`forward_of` around each
-    forward, :meth:`metrics` once per step)."""
+    """Replay and metrics for every router of a model (:meth:`attach` records to micro-batches,
+    :meth:`route` before each forward, :meth:`metrics` once per step)."""
 
     def __init__(self, model: torch.nn.Module, *, replay: bool) -> None:
         self.replay = replay
@@ -150,17 +151,11 @@ class MoERouting:
             experts, mask = padded.transpose(0, 1).reshape(rows * width, -1), recorded.transpose(0, 1).reshape(-1)
         return experts.view(len(mask), len(self.layers), -1), mask
 
-    @contextlib.contextmanager
-    def forward_of(self, mb: Any) -> Iterator[None]:
-        """Route one forward of ``mb`` with the records :meth:`attach` gave it."""
+    def route(self, mb: Any) -> None:
+        """Route the next forward with the records :meth:`attach` gave ``mb`` (none: every token freely)."""
         found = getattr(mb, "routed_targets", None)
         for li, layer in enumerate(self.layers):
-            layer.target, layer.recorded = (None, None) if found is None else (found[0][:, li], found[1].to(found[0].device))
-        try:
-            yield
-        finally:
-            for layer in self.layers:
-                layer.target = layer.recorded = None
+            layer.target, layer.recorded = (None, None) if found is None else (found[0][:, li], found[1])
 
     def attach(self, mbs: Sequence[Any], samples: Sequence[Any]) -> None:
         for mb in mbs:
@@ -171,7 +166,7 @@ class MoERouting:
         rows = recorded.nonzero().squeeze(1)
         if not len(rows):
             return
-        same = (free[rows].sort(1).values == target[rows].to(free.device).sort(1).values).all(1)
+        same = (free[rows].sort(1).values == target[rows].sort(1).values).all(1)
         self._add("routing_mismatch", float((~same).sum()), float(len(rows)))
         self._add("replayed_tokens", float(len(rows)) if self.replay else 0.0, float(len(self.layers)))
 

@@ -25,8 +25,9 @@ def init_distributed() -> None:
         dist.init_process_group(backend=backend, store=dist.HashStore(), world_size=1, rank=0)
 
 
-def init_model_parallel(tp_size: int = 1, seed: int = 1234) -> None:
-    """(Re)build Megatron's parallel state for ``tp_size`` (data parallel gets the rest) and seed RNGs."""
+def init_model_parallel(tp_size: int = 1, seed: int = 1234, ep_size: int = 1) -> None:
+    """(Re)build Megatron's parallel state for ``tp_size`` (data parallel gets the rest; ``ep_size``: MoE
+    experts split over that many of the data-parallel ranks) and seed RNGs."""
     from megatron.core import parallel_state
 
     init_distributed()
@@ -34,11 +35,12 @@ def init_model_parallel(tp_size: int = 1, seed: int = 1234) -> None:
     if world % tp_size:
         raise ValueError(f"world size {world} is not divisible by tensor-parallel size {tp_size}")
     if parallel_state.model_parallel_is_initialized():
-        if parallel_state.get_tensor_model_parallel_world_size() == tp_size:
+        if (parallel_state.get_tensor_model_parallel_world_size() == tp_size
+                and parallel_state.get_expert_model_parallel_world_size() == ep_size):
             seed_model_parallel_rng(seed)
             return
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size)
     seed_model_parallel_rng(seed)
 
 
@@ -46,3 +48,11 @@ def tp_rank_size() -> tuple[int, int]:
     from megatron.core import parallel_state
 
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+def expert_parallel_rank_size() -> dict[str, int]:
+    """``{"ep_rank": ..., "ep_size": ...}`` of this rank (for ``load_hf_weights``)."""
+    from megatron.core import parallel_state
+
+    return {"ep_rank": parallel_state.get_expert_model_parallel_rank(),
+            "ep_size": parallel_state.get_expert_model_parallel_world_size()}

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.lora import LoraConfig
 from agentrl.trainer.losses import LossConfig
+from agentrl.trainer.moe import MoEConfig
 
 
 class TrainerConfig(Settings):
@@ -29,6 +30,7 @@ class TrainerConfig(Settings):
     seed: int = Field(1234, description="Megatron RNG seed")
     recompute: bool = Field(False, description="full activation recomputation (memory for compute)")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="low-rank adapters (rank > 0: only they train)")
+    moe: MoEConfig = Field(default_factory=MoEConfig, description="mixture-of-experts: routing replay, router losses, EP")
     # optimizer + schedule (Megatron's Adam with decoupled weight decay, or plain SGD)
     optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer")
     lr: float = Field(1e-6, gt=0, description="peak learning rate")
