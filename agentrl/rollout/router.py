@@ -54,6 +54,8 @@ _SMG_WITH_KEY = (
     "sys.argv = ['smg', *sys.argv[1:], '--control-plane-api-keys=agentrl:agentrl:admin:' + key]; "
     "runpy.run_module('smg', run_name='__main__', alter_sys=True)"
 )
+# A new session key goes to the worker holding the fewest keys, then stays there (see module doc).
+SESSION_AFFINITY = ("--policy", "manual", "--assignment-mode", "min_group")
 # Worker health probing (smg's defaults: every 60 s, 3 failures): a dead engine leaves within ~3 s.
 HEALTH_ARGS = ("--health-check-interval-secs", "1", "--health-failure-threshold", "3",
                "--health-check-timeout-secs", "5", "--health-success-threshold", "1")
@@ -119,13 +121,9 @@ class SmgRouter:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        policy: str = "manual",
-        assignment_mode: str = "min_group",
         enable_rl: bool = True,
         extra_args: tuple[str, ...] | list[str] = (),
-        log_level: str = "warn",
         shutdown_grace_s: float = 2.0,
-        env: dict[str, str] | None = None,
         log_dir: str | Path | None = None,
         secret: str | None = None,
     ) -> None:
@@ -136,13 +134,9 @@ class SmgRouter:
         if self._metrics_port == self.port:
             self._metrics_port = free_port(host)
         self.worker_urls = tuple(_normalise_url(u) for u in worker_urls)
-        self.policy = policy
-        self.assignment_mode = assignment_mode
         self.enable_rl = enable_rl
         self.extra_args = tuple(extra_args)
-        self.log_level = log_level
         self.shutdown_grace_s = shutdown_grace_s
-        self.env = env
         self.log_dir = log_dir
         self.log_path: Path | None = None  # set by start()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -164,12 +158,10 @@ class SmgRouter:
     def command(self) -> list[str]:
         """The exact ``smg launch`` command line this router runs (its key comes from the environment; the
         initial workers are registered by :meth:`start`, each with the key)."""
-        cmd = [sys.executable, "-c", _SMG_WITH_KEY, "launch", "--host", self.host, "--port", str(self.port)]
-        cmd += ["--policy", self.policy]
-        if self.policy == "manual" and self.assignment_mode:
-            cmd += ["--assignment-mode", self.assignment_mode]
+        cmd = [sys.executable, "-c", _SMG_WITH_KEY, "launch", "--host", self.host, "--port", str(self.port),
+               *SESSION_AFFINITY]
         # Prometheus gets its own free loopback port: the default 29000 would clash between routers.
-        cmd += ["--log-level", self.log_level, "--prometheus-host", self.host,
+        cmd += ["--log-level", "warn", "--prometheus-host", self.host,
                 "--prometheus-port", str(self._metrics_port),
                 # Without this the default 180 s grace keeps a stopped router alive for minutes.
                 "--shutdown-grace-period-secs", str(max(1, int(self.shutdown_grace_s))), *HEALTH_ARGS]
@@ -196,7 +188,7 @@ class SmgRouter:
 
     def _start_once(self, timeout: float) -> SmgRouter:
         self.log_path = log_file(self.log_dir, f"router-{self.port}.log")
-        env = {**os.environ, **(self.env or {}), SECRET_ENV: self.secret}
+        env = {**os.environ, SECRET_ENV: self.secret}
         self._proc = start_tied_process(self.command(), log_path=self.log_path, env=env)
         try:
             self.wait_healthy(timeout)
