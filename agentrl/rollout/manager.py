@@ -93,9 +93,11 @@ class RolloutManager:
         """``env_factory`` with the settings' reward weights, tool format, prompt mode and remote reward
         applied to each env (the loop reads the format and mode from the env, so a custom rollout function
         sees them too)."""
+        from agentrl.rollout.judge import Judge, with_judge
         from agentrl.rollout.remote_reward import RemoteReward, with_remote_reward
 
         s = self.settings
+        self.judge = Judge(s.judge) if s.judge else None
 
         def make() -> Environment:
             env = env_factory()
@@ -107,7 +109,8 @@ class RolloutManager:
                 env.prompt_mode = s.prompt_mode
             return env
 
-        return with_remote_reward(make, RemoteReward(s.remote_reward)) if s.remote_reward else make
+        judged = with_judge(make, self.judge) if self.judge else make
+        return with_remote_reward(judged, RemoteReward(s.remote_reward)) if s.remote_reward else judged
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -126,6 +129,9 @@ class RolloutManager:
             self.router = SmgRouter([e.url for e in self.engines], log_dir=self.log_dir,
                                     secret=self.secret).start(timeout)
             self.watch = EngineWatch(self.router, self.engines, restart=self.settings.restart_dead_engines).start()
+            if self.judge is not None:
+                self.judge.start(self.engine_urls, self.renderer.tokenizer, self.max_context_tokens, dtype=self.dtype,
+                                 log_dir=self.log_dir, secret=self.secret)
         except BaseException:
             self.shutdown()
             raise
@@ -173,6 +179,8 @@ class RolloutManager:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+        if self.judge is not None:
+            await self.judge.aclose()
 
     def shutdown(self) -> None:
         """Stop the router and every engine this manager started."""
@@ -183,6 +191,8 @@ class RolloutManager:
         if self.router is not None:
             self.router.stop()
             self.router = None
+        if self.judge is not None:
+            self.judge.stop()
         for engine in self.engines:
             engine.stop()
         self.engines = []

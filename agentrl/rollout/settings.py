@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agentrl.rollout.judge import JudgeSettings
 from agentrl.rollout.remote_reward import RemoteRewardSettings
 from agentrl.settings import FunctionPath, Settings
 
@@ -39,6 +40,7 @@ class RolloutSettings(Settings):
     reward_weights: dict[str, float] = Field(default_factory=dict,
                                              description="weights of named reward components (unlisted: 1)")
     remote_reward: RemoteRewardSettings | None = Field(None, description="an HTTP endpoint scoring each episode")
+    judge: JudgeSettings | None = Field(None, description="a generative reward model on engines of the run scoring each episode")
     restart_dead_engines: bool = Field(False, description="restart an engine that died (it is always removed from the router)")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
     episode_function: FunctionPath | None = Field(
