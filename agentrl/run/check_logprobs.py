@@ -85,7 +85,8 @@ def compare(samples: list[dict[str, Any]], trainer_logprobs: list[list[float]]) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl check-logprobs", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="local HF model directory")
+    parser.add_argument("model_dir", nargs="?", help="local HF model directory (or --model)")
+    parser.add_argument("--model", help="local HF model directory")
     parser.add_argument("--samples", type=int, default=8, help="number of conversations to sample")
     parser.add_argument("--turns", type=int, default=2, help="model turns per conversation")
     parser.add_argument("--max-new-tokens", type=int, default=24)
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-above", type=float, default=None,
                         help="exit 1 when max_abs_diff exceeds this (default: report only)")
     args = parser.parse_args(argv)
+    if (args.model_dir is None) == (args.model is None):
+        parser.error("give the model directory once: as the argument or as --model")
+    args.model = args.model or args.model_dir
     if args.samples < 1 or args.turns < 1:
         parser.error("--samples and --turns must be >= 1")
 
