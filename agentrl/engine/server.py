@@ -36,6 +36,7 @@ VERSION = "0.5.23-agentrl"
 def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
     """Build the app; ``engine`` is started/stopped with the app's lifespan. ``secret``: what control
     routes require as a bearer token (``None``: they refuse every call)."""
+    from agentrl.engine.score_routes import ScoreRoutes
     from agentrl.engine.weight_routes import WeightRoutes
 
     @asynccontextmanager
@@ -57,6 +58,7 @@ def create_app(engine: Engine, *, secret: str | None = None) -> FastAPI:
     app.add_middleware(FastGenerate, handler=generation.generate_fast, on_bad_request=generation.bad_request)
     app.include_router(generation.router())
     app.include_router(InfoRoutes(engine).router())
+    app.include_router(ScoreRoutes(engine).router())
     guarded = [Depends(SecretGuard(secret))]
     app.include_router(ControlRoutes(engine).router(), dependencies=guarded)
     app.include_router(WeightRoutes(engine).router(), dependencies=guarded)
