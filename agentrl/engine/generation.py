@@ -52,6 +52,8 @@ class Generation:
     def build_sequences(self, req: GenerateRequest) -> list[Sequence]:
         """One sequence per prompt and sample (``n``); ``max_new_tokens`` clamped to the room left, as SGLang."""
         runner = self.engine.runner
+        if req.return_routed_experts and not getattr(runner, "moe_layers", 0):
+            raise BadRequest("return_routed_experts needs a mixture-of-experts model; this one is dense")
         seqs = []
         for i, (prompt, sp) in enumerate(zip(req.prompts, req.sampling, strict=False)):
             ids = self.prompt_ids(prompt)
@@ -62,7 +64,8 @@ class Generation:
                 rid = req.rids[i]
                 if rid is not None and sp.n > 1:
                     rid = f"{rid}-{j}"
-                seq = Sequence(prompt_ids=list(ids), params=sp, stream=req.stream)
+                seq = Sequence(prompt_ids=list(ids), params=sp, stream=req.stream,
+                               routed_experts=[] if req.return_routed_experts else None)
                 if rid is not None:
                     seq.rid = rid
                 if sp.sampling_seed is not None:
@@ -101,6 +104,8 @@ class Generation:
             "weight_version": seq.weight_version,
             "e2e_latency": time.monotonic() - seq.created,
         }
+        if seq.routed_experts is not None:  # MoE: one flat layers x top-k list of expert ids per output token
+            meta["routed_experts"] = seq.routed_experts[:n]
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(seq.output_logprobs[:n], output_ids, strict=False)]
         return {"text": self.text(seq, output_ids, reason), "output_ids": output_ids, "meta_info": meta}

@@ -383,6 +383,9 @@ class ModelRunner:
 
                 if unsupported_reason(self.model) is None:  # the joined buffers are weights: in the region too
                     join_projections(self.model)
+            from agentrl.engine import moe
+
+            self.moe_layers = moe.install(self.model)  # MoE blocks that report their routing (0: dense)
         self.model.eval()
         config = self.model.config
         self.context_length: int = int(getattr(config, "max_position_embeddings", 2048))
@@ -416,7 +419,8 @@ class ModelRunner:
         self._weights_key: tuple[int, ...] = (0, 0)
         self._param_list: list[Any] | None = None
         # decode steps on CUDA graphs draw their tokens inside the graph (decode_sample)
-        self.fused_sampling = True
+        self.fused_sampling = not self.moe_layers  # MoE: each step's routing is read before the next one runs
+        self._routed_rows: list[int] = []  # flat token positions of the last forward whose logits were returned
         self._rows_key: tuple | None = None  # launch_sample's rows, and their (fusable, temperatures, greedy)
         self._rows_sampling: tuple = (False, [], [])
 
@@ -588,6 +592,7 @@ class ModelRunner:
                 ])
         if P == 0:
             kvs.block = full
+        self._routed_rows = list(range(N - 1, B * N, N))
         return out.logits[:, -1], kvs
 
     def _fused_prefill(self, sequences: list[list[int]]) -> tuple[torch.Tensor, PrefillKV]:
@@ -621,6 +626,7 @@ class ModelRunner:
                 use_cache=True,
                 **{self._cache_arg: batch.cache},
             )
+        self._routed_rows = list(range(len(tokens)))
         return out.logits[:, -1], BatchKV(batch.cache, [n + 1 for n in batch.lengths])
 
     def _decode_static(self, batch: StaticBatchKV, tokens: list[int]) -> tuple[torch.Tensor, StaticBatchKV]:
@@ -650,6 +656,7 @@ class ModelRunner:
                 step["run"]()
         batch.lengths = [length + 1 for length in batch.lengths]
         batch.width = width + 1
+        self._routed_rows = list(range(n))
         return step["logits"][:n], batch
 
     def decode_sample(self, batch: BatchKV | StaticBatchKV, tokens: list[int], params: list[Any],
@@ -897,6 +904,13 @@ class ModelRunner:
             self.sampling_rng.seed()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+
+    def routed_experts(self) -> list[list[int]]:
+        """Per returned row of the last prefill or decode: the experts each MoE layer chose at the position its
+        logits came from, flat (``layers x k``); only for MoE models (``moe_layers > 0``)."""
+        from agentrl.engine import moe
+
+        return moe.routed_experts(self.model, self._routed_rows).tolist()
 
     # ---- weights ------------------------------------------------------------------------------
     def named_tensors(self) -> dict[str, torch.Tensor]:

@@ -49,7 +49,7 @@ _IGNORED_GENERATE_FIELDS = {
     "return_bytes", "return_entropy", "conversation_id", "label", "routing_key", "stream_options",
     "received_time", "is_single", "validation_time", "model", "text_input",
 }
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "stream", "rid"}
+_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "stream", "rid", "return_routed_experts"}
 
 _SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
@@ -215,6 +215,7 @@ class GenerateRequest:
     return_logprob: bool
     stream: bool
     rids: list[str | None]
+    return_routed_experts: bool = False  # MoE: meta_info.routed_experts, the experts chosen for each output token
 
     @classmethod
     def parse(cls, body: Any) -> GenerateRequest:
@@ -272,4 +273,7 @@ class GenerateRequest:
             raise BadRequest("'return_logprob' and 'stream' must be true or false")
         if stream and (batched or any(sp.n > 1 for sp in sampling)):
             raise BadRequest("stream=true supports one prompt with n=1")
-        return cls(prompts, batched, sampling, return_logprob, stream, rids)
+        routed = body.get("return_routed_experts") or False
+        if not isinstance(routed, bool):
+            raise BadRequest("'return_routed_experts' must be true or false")
+        return cls(prompts, batched, sampling, return_logprob, stream, rids, routed)

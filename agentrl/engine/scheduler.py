@@ -54,6 +54,7 @@ class Sequence:
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    routed_experts: list[list[int]] | None = None  # per output token (MoE, when asked): engine/moe.py
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None  # set last, when the result is complete
     pending_finish_reason: dict[str, Any] | None = None  # decided by the worker; finish_reason on removal
@@ -273,6 +274,7 @@ class Scheduler:
             self.admitting = []
         if prefill_into is None:
             self.batch = self.batch.extend(kvs)
+        self._keep_routing(seqs)
         for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
             seq.weight_version = self._weight_version()
             self._append_token(seq, tok, lp)
@@ -319,6 +321,7 @@ class Scheduler:
             if drawn is None:
                 logits, self.batch = self.decoder.decode(self.batch, tokens)
                 drawn = self._sample(logits, self.running)
+                self._keep_routing(self.running)
         new_tokens, logprobs = drawn
         if pipeline and launch is not None:
             self._queue_ahead(launch, new_tokens)
@@ -377,6 +380,14 @@ class Scheduler:
 
         return sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs],
                            getattr(self.runner, "sampling_rng", None))
+
+    def _keep_routing(self, seqs: list[Sequence]) -> None:
+        """The last forward's experts for the rows that asked for them (``return_routed_experts``), one entry
+        per token they are about to append."""
+        if any(s.routed_experts is not None for s in seqs):
+            for seq, experts in zip(seqs, self.runner.routed_experts(), strict=True):
+                if seq.routed_experts is not None:
+                    seq.routed_experts.append(experts)
 
     def _append_token(self, seq: Sequence, token: int, logprob: float, *, count: bool = True) -> None:
         seq.output_ids.append(token)
