@@ -169,6 +169,9 @@ class AgentrlEvaluator:
         if model is not None:
             path = self.scratch / f"eval-{version}"
             model.save_pretrained(path)
+            from agentrl.engine.weight_loading import write_checksum_manifest
+
+            write_checksum_manifest(path, sorted(path.glob("*.safetensors")))  # engines refuse unchecked weights
             self.manager.router.update_weights_from_disk(str(path), version)
         for _attempt in range(3):
             # RolloutManager.evaluate's own numbers, plus its failed-episode count: on this loaded 2-core machine
