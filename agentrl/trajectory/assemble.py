@@ -101,6 +101,8 @@ def assemble_sample(
     logprobs: list[float] = []
     trained_turns: list[int] = []
     trained_tokens = 0
+    # per response token, beside logprobs: the record's experts where trained (only when some record has them)
+    routed: list[list[int] | None] | None = [] if any(rec.routed_experts is not None for rec in recs) else None
     held_before = 0  # len(prompt + output) of the previous turn: what the sample held when turn k came
     for k, rec in enumerate(recs):
         turn, d, end = turns[k], divergences[k], ends[k]
@@ -120,11 +122,15 @@ def assemble_sample(
                 runs.append(ProvenanceRun(d, stop, REALIGNED_PROMPT, turn, None))
                 loss_mask += [0] * (stop - d)
                 logprobs += [0.0] * (stop - d)
+                if routed is not None:
+                    routed += [None] * (stop - d)
             start, stop = max(d, previous_held), min(prompt_len, cap)
             if stop > start:
                 runs.append(ProvenanceRun(start, stop, CONTEXT, turn, None))
                 loss_mask += [0] * (stop - start)
                 logprobs += [0.0] * (stop - start)
+                if routed is not None:
+                    routed += [None] * (stop - start)
         stop = min(output_end, cap)
         if stop > prompt_len:
             width = stop - prompt_len
@@ -132,9 +138,14 @@ def assemble_sample(
             if prompt_len < end < output_end:  # a later drift cut inside this output: not trained
                 loss_mask += [0] * width
                 logprobs += [0.0] * width
+                if routed is not None:
+                    routed += [None] * width
             else:
                 loss_mask += [1] * width
                 logprobs += rec.output_logprobs[:width] if rec.output_logprobs else [0.0] * width
+                if routed is not None:
+                    routed += (list(map(list, rec.routed_experts[:width])) if rec.routed_experts is not None
+                               else [None] * width)
                 trained_turns.append(turn)
                 trained_tokens += width
 
@@ -147,6 +158,7 @@ def assemble_sample(
         rollout_logprobs=logprobs,
         provenance=Provenance._trusted(runs),  # contiguous by construction; verify() re-checks
         status=sample_status(last.finish_reason, budget_cut=budget_cut, stop_reason=stop_reason),
+        routed_experts=routed,
     )
     return sample, {
         "trained_turns": trained_turns,

@@ -56,12 +56,29 @@ def _logprobs(values: Iterable[float]) -> tuple[float, ...]:
     return lps
 
 
+def _routed_experts(values: Any, n_output: int) -> tuple[tuple[int, ...], ...]:
+    """Per output token, the expert ids an MoE engine routed it through (one flat ``layers x k`` list each)."""
+    if isinstance(values, str | bytes | Mapping):
+        raise TypeError(f"routed_experts must be a list of expert-id lists, got {type(values).__name__}")
+    rows = tuple(values)
+    if len(rows) != n_output:
+        raise ValueError(f"routed_experts has {len(rows)} entries for {n_output} output ids (one per output id)")
+    out = tuple(_token_ids(f"routed_experts[{i}]", row) for i, row in enumerate(rows))
+    if out and (not out[0] or any(len(row) != len(out[0]) for row in out)):
+        raise ValueError("routed_experts entries must all hold the same (non-zero) number of expert ids")
+    if any(e < 0 for row in out for e in row):
+        raise ValueError("routed_experts holds a negative expert id")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TurnRecord:
     """One sampled turn: the exact prompt ids sent, the sampled ids and their log-probs.
 
     ``output_logprobs`` is empty (the engine returned none) or one float per output id.
     ``finish_reason`` is the engine's reason string: ``"stop"``, ``"length"``, ``"abort"``, ...
+    ``routed_experts`` (MoE engines, when asked): per output id, the experts every MoE layer chose at the
+    position the id was sampled from, flat ``layers x k``; None when the engine reported none.
     """
 
     prompt_ids: tuple[int, ...]
@@ -69,6 +86,7 @@ class TurnRecord:
     output_logprobs: tuple[float, ...]
     finish_reason: str
     weight_version: str | None = None
+    routed_experts: tuple[tuple[int, ...], ...] | None = None
     # uint32 bytes of prompt_ids / output_ids, for memcmp-speed prefix checks in the drift guard.
     packed_prompt: bytes = field(init=False, repr=False, compare=False)
     packed_output: bytes = field(init=False, repr=False, compare=False)
@@ -93,18 +111,23 @@ class TurnRecord:
         object.__setattr__(self, "prompt_ids", prompt)
         object.__setattr__(self, "output_ids", output)
         object.__setattr__(self, "output_logprobs", lps)
+        if self.routed_experts is not None:
+            object.__setattr__(self, "routed_experts", _routed_experts(self.routed_experts, len(output)))
         object.__setattr__(self, "packed_prompt", packed_prompt)
         object.__setattr__(self, "packed_output", packed_output)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (use this, not ``dataclasses.asdict``, which would include the packed bytes)."""
-        return {
+        out = {
             "prompt_ids": list(self.prompt_ids),
             "output_ids": list(self.output_ids),
             "output_logprobs": list(self.output_logprobs),
             "finish_reason": self.finish_reason,
             "weight_version": self.weight_version,
         }
+        if self.routed_experts is not None:
+            out["routed_experts"] = [list(row) for row in self.routed_experts]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TurnRecord:
@@ -114,6 +137,7 @@ class TurnRecord:
             output_logprobs=data.get("output_logprobs", ()),
             finish_reason=data["finish_reason"],
             weight_version=data.get("weight_version"),
+            routed_experts=data.get("routed_experts"),
         )
 
     @classmethod
@@ -146,10 +170,12 @@ class TurnRecord:
         if isinstance(finish, Mapping):
             finish = finish.get("type")
         weight_version = meta.get("weight_version")
+        routed = meta.get("routed_experts")
         return cls(
             prompt_ids=tuple(prompt_ids),
             output_ids=tuple(output_ids),
             output_logprobs=tuple(p[0] for p in pairs),
             finish_reason="unknown" if finish is None else str(finish),
             weight_version=None if weight_version is None else str(weight_version),
+            routed_experts=None if routed is None else routed,
         )

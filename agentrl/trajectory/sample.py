@@ -99,6 +99,15 @@ def check_reward(reward: float | Mapping[str, float]) -> None:
                                         f"float32), got {value!r}")
 
 
+def _routed_per_token(raw: Any) -> list[list[int] | None] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+            row is None or (isinstance(row, list) and all(type(e) is int and e >= 0 for e in row)) for row in raw):
+        raise ValueError("routed_experts must be a list with, per response token, null or a list of expert ids")
+    return raw
+
+
 _REQUIRED = ("tokens", "response_start", "loss_mask", "rollout_logprobs", "provenance")
 
 
@@ -108,6 +117,8 @@ class Sample:
 
     ``provenance`` has one :class:`TokenProvenance` per token. ``metadata["turns"]`` lists the session
     turn indices merged into this sample, in merge order; :func:`agentrl.trajectory.verify` needs it.
+    ``routed_experts`` (MoE engines that reported routing): per response token, the experts its turn's
+    record holds for it where the token is trained (loss mask 1), else None; None when no turn had routing.
     """
 
     tokens: list[int]
@@ -120,6 +131,7 @@ class Sample:
     session_id: str = ""
     group_id: str | int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    routed_experts: list[list[int] | None] | None = None
 
     @property
     def trained_tokens(self) -> int:
@@ -138,6 +150,7 @@ class Sample:
             "session_id": self.session_id,
             "group_id": self.group_id,
             "metadata": self.metadata,
+            **({} if self.routed_experts is None else {"routed_experts": self.routed_experts}),
         }
 
     def to_json(self) -> str:
@@ -172,10 +185,12 @@ class Sample:
             session_id=data.get("session_id", ""),
             group_id=data.get("group_id"),
             metadata=dict(data.get("metadata") or {}),
+            routed_experts=_routed_per_token(data.get("routed_experts")),
         )
         n_resp = len(tokens) - response_start
         if not (
             len(sample.loss_mask) == len(sample.rollout_logprobs) == n_resp and len(provenance) == len(tokens)
+            and (sample.routed_experts is None or len(sample.routed_experts) == n_resp)
         ):
             raise ValueError(
                 f"inconsistent lengths: {len(tokens)} tokens, response_start {response_start}, "

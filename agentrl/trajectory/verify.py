@@ -57,6 +57,8 @@ def _check_lengths(sample: Sample) -> None:
         )
     if len(sample.provenance) != n:
         raise ProvenanceError(f"{len(sample.provenance)} provenance entries for {n} tokens")
+    if sample.routed_experts is not None and len(sample.routed_experts) != n - rs:
+        raise ProvenanceError(f"routed_experts ({len(sample.routed_experts)}) must cover tokens[response_start:] ({n - rs})")
 
 
 def _merged_turns(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord]) -> tuple[list[int], list[TurnRecord]]:
@@ -133,12 +135,23 @@ def _check_token(sample: Sample, replay: _Replay, i: int) -> bool:
     mask = sample.loss_mask[i - rs]
     if type(mask) is not int or mask != int(trained):
         raise ProvenanceError(f"loss mask {mask!r} but a {source} token of turn {turn} must have {int(trained)}", i)
+    if sample.routed_experts is not None:
+        _check_routing(sample, rec, turn, i, trained)
     expected_lp = rec.output_logprobs[i - prompt_len] if trained and rec.output_logprobs else 0.0
     if sample.rollout_logprobs[i - rs] != expected_lp:
         raise ProvenanceError(
             f"rollout log-prob {sample.rollout_logprobs[i - rs]!r} but turn {turn} sampled it with {expected_lp!r}", i
         )
     return trained
+
+
+def _check_routing(sample: Sample, rec: TurnRecord, turn: int, i: int, trained: bool) -> None:
+    """A trained token carries exactly the experts its turn recorded for it; any other token none."""
+    got = sample.routed_experts[i - sample.response_start]
+    want = (list(rec.routed_experts[i - len(rec.prompt_ids)])
+            if trained and rec.routed_experts is not None else None)
+    if got != want:
+        raise ProvenanceError(f"routed experts {got!r} but turn {turn} recorded {want!r} for this token", i)
 
 
 def _check_trained_context(sample: Sample, replay: _Replay, k: int) -> None:
