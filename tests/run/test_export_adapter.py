@@ -110,3 +110,19 @@ def test_adapter_export_of_a_full_run_is_one_line(lora_run, tmp_path, capsys):
     assert main([str(target), str(tmp_path / "out"), "--adapter"]) == 2
     err = capsys.readouterr().err
     assert "trainer.lora is off" in err and err.count("\n") == 1
+
+
+def test_lora_turns_the_default_delta_sync_into_adapters_over_the_same_transport():
+    cfg = _run_config({"lora": {"rank": 8}})
+    assert cfg.sync_mode == "adapter" and cfg.sync_options.transport == "disk"
+    from agentrl.run.config import RunConfig
+
+    base = {"env": "agentrl.envs.arithmetic:ArithmeticToolEnv", "tasks": "agentrl.envs.arithmetic:make_tasks"}
+    kept = RunConfig.model_validate({**base, "trainer": {"lora": {"rank": 8}}, "sync_mode": "full"})
+    assert kept.sync_mode == "full"  # asked for: the merged dense weights
+    assert _run_config({}).sync_mode == "delta"
+    with pytest.raises(ValueError, match="snapshot_budget_bytes"):  # delta's own option has no meaning here
+        RunConfig.model_validate({**base, "trainer": {"lora": {"rank": 8}},
+                                  "sync_options": {"snapshot_budget_bytes": 10}})
+    with pytest.raises(ValueError, match="trainer.lora.rank"):
+        RunConfig.model_validate({**base, "sync_mode": "adapter"})
