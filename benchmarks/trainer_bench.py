@@ -15,6 +15,19 @@ GPU (one H200; random-init Qwen2 shapes in bf16, 8k tokens per micro-batch, loca
     python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --dtype bfloat16 \\
         --seq-len 2048 --seqs-per-microbatch 4 --attention sdpa local
 
+Memory (issue 41: 1.5B at 8k tokens per micro-batch without full recompute; a 4B shape with Adam on the
+CPU)::
+
+    python3 benchmarks/trainer_bench.py --device cuda --shape qwen2-1.5b --seq-len 2048 --seqs-per-microbatch 4 \
+        --attention sdpa --recompute selective --recompute-modules mlp
+    python3 benchmarks/trainer_bench.py --device cuda --shape 4b --seq-len 2048 --seqs-per-microbatch 4 \
+        --attention sdpa --optimizer-offload --microbatches 1
+
+Each row has the GiB of the parameters, gradient buffers and optimizer (device; ``optimizer_host_gib``
+when offloaded) and, on CUDA with one variant, ``activations_and_temporaries_gib``: the step's peak above
+what persists between steps. ``--logprob-chunk-elements 0`` puts a micro-batch's logits in one chunk
+(the ``(tokens, vocab)`` memory of the code before chunking).
+
 A train step = one no-grad forward (behaviour log-probs; ``:reuse`` takes them from the training forward
 instead) + forward/backward + Adam, as in GRPO. MFU counts the model FLOPs of the passes run (4 x forward,
 3 x with ``:reuse``) against ``--peak-tflops`` (H200 dense bf16 datasheet: 989; a bf16 matmul measures
@@ -42,6 +55,9 @@ SHAPES = {
                        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    # Qwen3-4B's widths and depth in Qwen2 layers (no q/k norms): 3.7B parameters
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=True),
 }
 
 
@@ -106,12 +122,46 @@ def build_trainer(args, cfg, attention: str, layout: str, behaviour: str):
 
     trainer = MegatronTrainer(None, TrainerConfig(
         dtype=args.dtype, attention=attention, lr=args.lr, max_tokens_per_microbatch=args.tokens_per_microbatch,
-        recompute=args.recompute, use_distributed_optimizer=False, tp_size=args.tp_size, packing=layout,
+        recompute=args.recompute, recompute_modules=args.recompute_modules, tp_size=args.tp_size, packing=layout,
+        use_distributed_optimizer=args.optimizer_offload, optimizer_cpu_offload=args.optimizer_offload,
+        optimizer_offload_fraction=args.offload_fraction, overlap_cpu_optimizer_d2h_h2d=args.overlap_offload,
         loss=LossConfig(kl_coef=args.kl_coef), lr_warmup_steps=0,
     ), hf_config=cfg)
     if behaviour == "fresh":  # the code before: a separate no-grad forward for the behaviour log-probs
         trainer._old_from_train_forward = lambda n_chunks: False
     return trainer
+
+
+def _storages(tensors) -> dict:
+    return {t.untyped_storage().data_ptr(): t for t in tensors}
+
+
+def _gib(tensors, device: str) -> float:
+    """GiB of the distinct storages among ``tensors`` that live on ``device`` (cpu or cuda)."""
+    return sum(t.untyped_storage().nbytes() for t in _storages(tensors).values() if t.device.type == device) / 2**30
+
+
+def memory_components(trainer, device: str) -> dict:
+    """GiB held by the parameters, the gradient buffers and the optimizer (fp32 main copies and Adam state
+    that are neither), on ``device`` and, for an offloaded optimizer, on the host."""
+    import torch
+
+    from agentrl.trainer.fast_optimizer import torch_optimizers
+
+    params = list(trainer.model.parameters())
+    grads = [b.grad_data for b in trainer.model.buffers + trainer.model.expert_parallel_buffers]
+    taken = set(_storages(params)) | set(_storages(grads))
+    opt_tensors = []
+    for opt in torch_optimizers(trainer.optimizer):
+        for inner in getattr(opt, "sub_optimizers", None) or [opt]:  # the hybrid CPU/GPU optimizer's halves
+            opt_tensors += [p for g in inner.param_groups for p in g["params"]]
+            opt_tensors += [v for st in inner.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    opt_tensors = [t for t in opt_tensors if t.untyped_storage().data_ptr() not in taken]
+    out = {"params_gib": _gib(params, device), "grads_gib": _gib(grads, device),
+           "optimizer_gib": _gib(opt_tensors, device)}
+    if device == "cuda":
+        out["optimizer_host_gib"] = _gib(opt_tensors, "cpu")
+    return out
 
 
 def count_forwards(trainer, batch) -> tuple[int, int]:
@@ -134,10 +184,13 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
     trainers = [build_trainer(args, cfg, *v) for v in variants]
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for t in trainers:
-        t.train_step(batch)  # warm-up (allocator, kernels)
+        t.train_step(batch)  # warm-up (allocator, kernels; the optimizer state is created here)
     walls: list[list[float]] = [[] for _ in trainers]
     cpus: list[list[float]] = [[] for _ in trainers]
+    static_gib = None
     if args.device == "cuda":
+        torch.cuda.synchronize()
+        static_gib = torch.cuda.memory_allocated() / 2**30  # everything held between steps
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.steps):
         for k, t in enumerate(trainers):
@@ -170,7 +223,15 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
             mfu_of_matmul_peak=(flops / step_s / 1e12 / args.matmul_peak) if args.matmul_peak else None,
             peak_mem_gib=peak_memory_gib(args.device),
             fast_optimizer=fast_optimizer_on(), fused_logprobs=t._fused_logprobs(),
+            recompute_modules=args.recompute_modules if args.recompute == "selective" else None,
+            optimizer_offload=args.optimizer_offload, logprob_chunk_tokens=chunk_tokens(cfg, args),
+            **memory_components(t, args.device),
         ))
+        if static_gib is not None and len(trainers) == 1:
+            # the step's peak above what persists between steps: activations, their gradients and the
+            # log-prob chunks (plus transient buffers of the optimizer step)
+            rows[-1]["static_gib"] = static_gib
+            rows[-1]["activations_and_temporaries_gib"] = rows[-1]["peak_mem_gib"] - static_gib
         if phases is not None:
             rows[-1]["phases_s"] = phases[len(rows) - 1]
     del trainers
@@ -180,6 +241,12 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def chunk_tokens(cfg, args) -> int:
+    from agentrl.trainer.chunked_logprobs import chunk_tokens_for
+
+    return chunk_tokens_for(cfg.vocab_size // args.tp_size)
 
 
 def fast_optimizer_on() -> bool:
@@ -318,7 +385,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--matmul-peak", type=float, default=None,
                         help="bf16 matmul TFLOP/s for MFU; default on cuda: measured here (8192^3)")
-    parser.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    parser.add_argument("--recompute", nargs="?", const="full", default="none", choices=["none", "selective", "full"],
+                        help="activation recomputation (bare --recompute: full)")
+    parser.add_argument("--recompute-modules", nargs="+", default=["core_attn"],
+                        help="with --recompute selective: megatron-core modules (core_attn, mlp, ...)")
+    parser.add_argument("--optimizer-offload", action="store_true",
+                        help="Adam on the CPU (megatron-core's hybrid optimizer, inside the distributed optimizer)")
+    parser.add_argument("--offload-fraction", type=float, default=1.0, help="with --optimizer-offload")
+    parser.add_argument("--overlap-offload", action="store_true",
+                        help="with --optimizer-offload: overlap the copies (overlap_cpu_optimizer_d2h_h2d)")
+    parser.add_argument("--logprob-chunk-elements", type=int, default=None,
+                        help="logits per log-prob chunk (agentrl.trainer.chunked_logprobs.CHUNK_ELEMENTS); 0: one "
+                             "chunk per micro-batch, i.e. (tokens, vocab) logits at once (the before of an A/B)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default 989 on cuda (H200)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (on a shared 2-core box, 1 avoids oversubscription: 16x faster)")
@@ -336,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cuda: Megatron's own per-tensor multi-tensor fallbacks and torch's foreach AdamW "
                              "(agentrl.trainer.fast_optimizer off: the before of an A/B)")
     parser.add_argument("--fp32-logprobs", action="store_true",
-                        help="cuda: log-probs and entropy through fp32 logits (agentrl.trainer.fused_logprobs off: "
+                        help="cuda: each log-prob chunk in fp32 torch ops (agentrl.trainer.fused_logprobs off: "
                              "the before of an A/B)")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
@@ -370,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         from agentrl.trainer import fused_logprobs
 
         fused_logprobs.ENABLED = False
+    if args.logprob_chunk_elements is not None:
+        from agentrl.trainer import chunked_logprobs
+
+        chunked_logprobs.CHUNK_ELEMENTS = args.logprob_chunk_elements or 2**62
     if args.megatron_override:
         import agentrl.trainer.model as model_module
 
@@ -407,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['shape']:<11} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
               f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
               f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
+        memory = {k.removesuffix("_gib"): round(v, 2) for k, v in r.items() if k.endswith("_gib") and k != "peak_mem_gib"}
+        print(f"  memory GiB: {memory}")
         if "phases_s" in r:
             print(f"  phases (s, synced): {r['phases_s']}")
     if args.megatron_override:

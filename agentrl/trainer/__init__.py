@@ -10,8 +10,8 @@ Modules (heavy imports stay inside them, so ``import agentrl.trainer`` is instan
 * :mod:`~agentrl.trainer.credit` - ``credit_fn`` plug-ins that may only narrow loss masks;
 * :mod:`~agentrl.trainer.model` / :mod:`~agentrl.trainer.attention` - GPTModel from a HF config,
   local / SDPA / TransformerEngine attention;
-* :mod:`~agentrl.trainer.batch` / :mod:`~agentrl.trainer.logprobs` - micro-batches from Samples,
-  vocab-parallel log-probs and entropy;
+* :mod:`~agentrl.trainer.batch` / :mod:`~agentrl.trainer.chunked_logprobs` - micro-batches from Samples,
+  vocab-parallel log-probs and entropy in chunks (never all logits at once);
 * :mod:`~agentrl.trainer.checkpoint` - ``dist_checkpointing`` save / resume;
 * :mod:`~agentrl.trainer.parallel` / :mod:`~agentrl.trainer.cpu_shims` - process groups, CPU shims.
 

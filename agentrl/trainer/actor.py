@@ -27,7 +27,6 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.cpu_shims import cuda_to_cpu
 from agentrl.trainer.lora import adapter_tensors, apply_lora, merged_state_dict
-from agentrl.trainer.logprobs import token_logprobs, vocab_parallel_entropy
 from agentrl.trainer.losses import kl_in_reward, policy_loss
 from agentrl.trainer.model import (
     build_gpt_model,
@@ -234,7 +233,8 @@ class MegatronTrainer:
     def _build(self, model_dir: Path | None):
         model = build_gpt_model(
             self.hf_config, tp_size=self.tp_size, dtype=self.dtype, attention=self.attention,
-            recompute=self.config.recompute, init_weights=model_dir is None, moe=self.config.moe,
+            recompute=self.config.recompute, recompute_modules=self.config.recompute_modules,
+            init_weights=model_dir is None, moe=self.config.moe,
         )
         if model_dir is None:
             return model
@@ -271,6 +271,10 @@ class MegatronTrainer:
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
             clip_grad=cfg.clip_grad, bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
+            # Adam's state and update move to the CPU; the fp32 main params stay on the device (Megatron-LM pairs
+            # offload with the precision-aware optimizer, which in megatron-core 0.16.1 cannot start without TE).
+            optimizer_cpu_offload=cfg.optimizer_cpu_offload, optimizer_offload_fraction=cfg.optimizer_offload_fraction,
+            overlap_cpu_optimizer_d2h_h2d=cfg.overlap_cpu_optimizer_d2h_h2d,
         )
         with cuda_to_cpu():
             optimizer = get_megatron_optimizer(opt_config, [self.model])
@@ -286,28 +290,30 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------------------------------ forward
 
-    def _forward(self, model, mb: MicroBatch, fp32: bool = True, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Vocab-parallel logits ``[b, L, V/tp]`` (packed: ``[1, T, V/tp]``) in fp32, or with ``fp32=False``
-        in the model's dtype (for :mod:`agentrl.trainer.fused_logprobs`, which reads bf16 logits).
-        ``positions`` (packed only): the output layer runs at those positions alone, ``[1, n, V/tp]``."""
-        hook = None
-        if positions is not None:
-            def select(_module, args, kwargs):  # the output layer's input is [s, b, h] with b = 1 when packed
-                return (args[0][positions], *args[1:]), kwargs
+    def _forward(self, model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, weight)``: the output layer's input ``[b, L, h]`` (packed: ``[1, T, h]``) in the model's
+        dtype and its weight ``[V/tp, h]`` (tied: the embedding's). The output layer itself is skipped:
+        :mod:`agentrl.trainer.chunked_logprobs` applies it chunk by chunk, so no ``(tokens, vocab)``
+        logits exist at once."""
+        layer = unwrap(model).output_layer
+        seen: dict[str, torch.Tensor] = {}
 
-            hook = unwrap(model).output_layer.register_forward_pre_hook(select, with_kwargs=True)
+        def skip(input_, weight=None, runtime_gather_output=None):  # ColumnParallelLinear's signature
+            seen["weight"] = layer.weight if weight is None else weight
+            return input_, None
+
+        layer.forward = skip
         try:
-            out = self._model_forward(model, mb, fp32)
+            hidden = self._model_forward(model, mb)
         finally:
-            if hook is not None:
-                hook.remove()
-        return out.float() if fp32 else out
+            del layer.forward
+        return hidden, seen["weight"]
 
-    def _model_forward(self, model, mb: MicroBatch, fp32: bool) -> torch.Tensor:
+    def _model_forward(self, model, mb: MicroBatch) -> torch.Tensor:
         mb = mb.to(self.device)
         self.moe.route(mb)  # the routers replay (or compare with) this micro-batch's recorded experts
         # Float16Module upcasts its output unless told not to (no such wrapper, no such argument, in fp32)
-        kwargs = {} if fp32 or self.dtype == torch.float32 else {"fp32_output": False}
+        kwargs = {} if self.dtype == torch.float32 else {"fp32_output": False}
         if mb.packed is not None:
             from agentrl.trainer.attention import packed_seq_params
 
@@ -321,8 +327,8 @@ class MegatronTrainer:
         return out
 
     def _fused_logprobs(self, entropy_grad: bool = False) -> bool:
-        """Whether log-probs and entropy come from the model-dtype logits in one pass over the vocabulary
-        (:mod:`agentrl.trainer.fused_logprobs`: CUDA, one TP rank, no gradient through the entropy)."""
+        """Whether the log-prob chunks run in the one-pass Triton kernels (:mod:`agentrl.trainer.fused_logprobs`:
+        CUDA, one TP rank, no gradient through the entropy) rather than fp32 torch ops."""
         from agentrl.trainer import fused_logprobs
 
         return not entropy_grad and fused_logprobs.available(self.device, self.tp_size)
@@ -341,42 +347,29 @@ class MegatronTrainer:
             return None
         return (trained.nonzero().squeeze(1) - 1).to(self.device)
 
-    def _at_trained(self, model, mb: MicroBatch, positions: torch.Tensor,
-                    entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_logprobs_entropy` computed at ``positions`` (:meth:`_trained_positions`) only; the other
-        positions hold 0 (no loss, metric or ratio reads them: they are masked)."""
-        from agentrl.trainer.logprobs import entropy_at, logprobs_at
-
-        logits = self._forward(model, mb, positions=positions)[0]  # [n, V]
-        targets = mb.model_tokens[0, positions + 1]
-        lp = logprobs_at(logits, targets, self.temperature)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_at(logits, self.temperature)
-        width = mb.model_tokens.shape[1]
-        at = (torch.zeros_like(positions), positions + 1)
-        return (mb.unpack(lp.new_zeros((1, width)).index_put(at, lp)),
-                mb.unpack(entropy.new_zeros((1, width)).index_put(at, entropy)))
-
     def _logprobs_entropy(self, model, mb: MicroBatch, entropy_grad: bool,
                           trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``([b, L] log-probs, [b, L] entropy)`` of one micro-batch, unpacked; the entropy carries a
         gradient only with ``entropy_grad``. ``trained_only``: values only where the loss mask is 1 (0
         elsewhere), which on the CPU skips the output layer at every other position."""
-        positions = self._trained_positions(mb) if trained_only else None
-        if positions is not None:
-            return self._at_trained(model, mb, positions, entropy_grad)
-        if self._fused_logprobs(entropy_grad):
-            from agentrl.trainer.fused_logprobs import logprobs_and_entropy
+        from megatron.core import parallel_state
 
-            lp, entropy = logprobs_and_entropy(self._forward(model, mb, fp32=False), mb.model_tokens,
-                                               self.temperature)
+        from agentrl.trainer.chunked_logprobs import linear_logprobs_and_entropy, shifted_logprobs_and_entropy
+
+        positions = self._trained_positions(mb) if trained_only else None
+        hidden, weight = self._forward(model, mb)
+        tokens = mb.model_tokens
+        kwargs = dict(entropy_grad=entropy_grad and torch.is_grad_enabled(),
+                      tp_group=parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None)
+        if positions is None:
+            lp, entropy = shifted_logprobs_and_entropy(hidden, weight, tokens, self.temperature, **kwargs)
             return mb.unpack(lp), mb.unpack(entropy)
-        logits = self._forward(model, mb)
-        lp = mb.unpack(token_logprobs(logits, mb.model_tokens, self.temperature))
-        # Without an entropy bonus, entropy is only a metric: no autograd graph over [b, L, V].
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = mb.unpack(vocab_parallel_entropy(logits, self.temperature))
-        return lp, entropy
+        # The other positions hold 0: no loss, metric or ratio reads them (they are masked).
+        lp, entropy = linear_logprobs_and_entropy(hidden[0, positions], weight, tokens[0, positions + 1],
+                                                  self.temperature, **kwargs)
+        at = (torch.zeros_like(positions), positions + 1)
+        return (mb.unpack(lp.new_zeros(tokens.shape).index_put(at, lp)),
+                mb.unpack(entropy.new_zeros(tokens.shape).index_put(at, entropy)))
 
     def _micro_batches(self, samples: Sequence[Any], advantages=None) -> list[MicroBatch]:
         mbs = make_micro_batches(samples, self.config.max_tokens_per_microbatch, advantages, self.config.pad_id,
@@ -388,9 +381,7 @@ class MegatronTrainer:
     @torch.no_grad()
     def _logprobs_per_mb(self, model, mbs: list[MicroBatch], trained_only: bool = False) -> list[torch.Tensor]:
         model.eval()
-        if self._fused_logprobs() or trained_only:
-            return [self._logprobs_entropy(model, mb, False, trained_only)[0] for mb in mbs]
-        return [mb.unpack(token_logprobs(self._forward(model, mb), mb.model_tokens, self.temperature)) for mb in mbs]
+        return [self._logprobs_entropy(model, mb, False, trained_only)[0] for mb in mbs]
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Any]) -> list[list[float]]:

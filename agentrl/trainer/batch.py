@@ -115,7 +115,8 @@ class MicroBatch:
         return self
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
-        """Shifted per-token values (``[1, T]`` model layout, as :func:`~agentrl.trainer.logprobs.token_logprobs`
+        """Shifted per-token values (``[1, T]`` model layout, as
+        :func:`~agentrl.trainer.chunked_logprobs.shifted_logprobs_and_entropy`
         returns them) as ``[b, L]``, 0 at column 0 and padding; differentiable. Identity when not packed.
 
         A sequence's first packed position holds a prediction made from the previous sequence's last

@@ -39,6 +39,12 @@ def apply_cpu_shims() -> None:
     torch.cuda.empty_cache = lambda: None
     # tensor_parallel.model_parallel_cuda_manual_seed() seeds torch.cuda; the CPU generator is the only one.
     torch.cuda.manual_seed = torch.manual_seed
+    # Activation recomputation saves and restores the CUDA RNG state around each checkpoint; the CPU
+    # state, the only one, is saved and restored beside it already.
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    tp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     _applied = True
 
 

@@ -1,18 +1,15 @@
-"""Token log-probs and entropy straight from bf16 logits, in one pass over the vocabulary (CUDA, Triton).
+"""One-pass log-prob / entropy kernels over rows of logits (CUDA, Triton), for the chunks of
+:mod:`agentrl.trainer.chunked_logprobs`.
 
-:func:`~agentrl.trainer.logprobs.token_logprobs` and :func:`~agentrl.trainer.logprobs.vocab_parallel_entropy`
-work on fp32 logits: at 8k tokens and a 152k vocabulary each pass over them moves 5 GB, and the two
-functions, their backward and the fp32 upcast make about 15 such passes per micro-batch. Here one
-Triton program per position streams its row of logits once (online max, sum of exponentials and sum
-of ``exp(z) * z``), giving the target's log-prob, the entropy and the log-normaliser; the backward
-streams the row again and writes the logits' gradient, ``(onehot - softmax) * grad / temperature``, in
-the logits' dtype. Same functions, computed in fp32 from the same bf16 values, in another order: equal
-to fp32 rounding, the gradient within one bf16 rounding (tests/trainer/test_fused_logprobs.py, on CUDA;
-tests/trainer/test_packing.py runs the trainer through it there).
+A chunk's fp32 softmax in torch ops reads and writes its ``[c, V]`` logits about eight times. Here one
+Triton program per position streams its row once (online max, sum of exponentials and sum of
+``exp(z) * z``), giving the target's log-prob, the entropy and the log-normaliser; the backward streams
+the row again and writes the logits' gradient, ``(onehot - softmax) * grad / temperature``, in the
+logits' dtype. The same functions computed in fp32 from the same (bf16) values in another order: equal
+to fp32 rounding, the gradient within one bf16 rounding (tests/trainer/test_fused_logprobs.py, on CUDA).
 
-Used by :class:`~agentrl.trainer.actor.MegatronTrainer` on CUDA with one tensor-parallel rank when the
-entropy carries no gradient (``entropy_coef == 0``); elsewhere the fp32 path runs. Triton is imported
-only when a kernel is launched.
+Used on CUDA with one tensor-parallel rank when the entropy carries no gradient (``entropy_coef == 0``);
+elsewhere the chunks run in fp32 torch ops. Triton is imported only when a kernel is launched.
 """
 
 from __future__ import annotations
@@ -27,12 +24,12 @@ _NEG = -1.0e30  # a finite "minus infinity" for the running max (exp(_NEG - m) =
 _kernels: Any = None
 
 
-ENABLED = True  # benchmarks/trainer_bench.py --fp32-logprobs turns it off (the before of an A/B)
+ENABLED = True  # benchmarks/trainer_bench.py --fp32-logprobs turns it off (the torch chunks: an A/B)
 
 
 def available(device: torch.device, tp_size: int) -> bool:
-    """Whether :func:`logprobs_and_entropy` serves a trainer on ``device`` with ``tp_size`` tensor-parallel
-    ranks (CUDA, one rank: each holds the whole vocabulary; Triton importable)."""
+    """Whether the kernels serve a trainer on ``device`` with ``tp_size`` tensor-parallel ranks (CUDA, one
+    rank: it holds the whole vocabulary; Triton importable)."""
     return ENABLED and device.type == "cuda" and tp_size == 1 and importlib.util.find_spec("triton") is not None
 
 
@@ -88,47 +85,34 @@ def _build() -> Any:
     return forward, backward
 
 
-class _LogprobsEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rows: torch.Tensor, targets: torch.Tensor, temperature: float):
-        global _kernels
-        if _kernels is None:
-            _kernels = _build()
-        n, vocab = rows.shape
-        lp = torch.empty(n, dtype=torch.float32, device=rows.device)
-        ent, lse = torch.empty_like(lp), torch.empty_like(lp)
-        if n:
-            _kernels[0][(n,)](rows, rows.stride(0), targets, lp, ent, lse, 1.0 / temperature, V=vocab, NEG=_NEG,
-                              BLOCK=BLOCK, num_warps=8)
-        ctx.save_for_backward(rows, targets, lse)
-        ctx.inv_t = 1.0 / temperature
-        ctx.mark_non_differentiable(ent)
-        return lp, ent
-
-    @staticmethod
-    def backward(ctx, grad_lp: torch.Tensor, grad_ent: torch.Tensor | None):
-        rows, targets, lse = ctx.saved_tensors
-        n, vocab = rows.shape
-        grad = torch.empty((n, vocab), dtype=rows.dtype, device=rows.device)
-        if n:
-            _kernels[1][(n,)](rows, rows.stride(0), targets, lse, grad_lp.contiguous().float(), grad, ctx.inv_t, V=vocab,
-                              BLOCK=BLOCK, num_warps=8)
-        return grad, None, None
+def row_stats(rows: torch.Tensor, targets: torch.Tensor,
+              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log-prob of the target, entropy, log-normaliser)`` of each row of ``rows`` ``[n, V]`` (any float
+    dtype, read once) scaled by ``1 / temperature``; fp32 ``[n]`` each; a target of -1 gives log-prob 0."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _build()
+    n, vocab = rows.shape
+    rows = rows if rows.stride(1) == 1 else rows.contiguous()
+    lp = torch.empty(n, dtype=torch.float32, device=rows.device)
+    ent, lse = torch.empty_like(lp), torch.empty_like(lp)
+    if n:
+        _kernels[0][(n,)](rows, rows.stride(0), targets.contiguous(), lp, ent, lse, 1.0 / temperature, V=vocab,
+                          NEG=_NEG, BLOCK=BLOCK, num_warps=8)
+    return lp, ent, lse
 
 
-def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
-                         temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([b, L] log-probs, [b, L] entropy)`` shifted like :func:`~agentrl.trainer.logprobs.token_logprobs`
-    (column ``t`` from ``logits[:, t - 1]``; column 0 is 0) from ``[b, L, V]`` logits of any float dtype
-    (one TP rank: the whole vocabulary). The log-probs are differentiable (the gradient comes back in
-    the logits' dtype); the entropy is not."""
-    b, length, vocab = logits.shape
-    rows = logits.reshape(b * length, vocab)
-    if rows.stride(1) != 1:
-        rows = rows.contiguous()
-    # row (i, j) predicts tokens[i, j + 1]; a sequence's last row predicts nothing (-1)
-    targets = torch.cat([tokens[:, 1:], tokens.new_full((b, 1), -1)], 1).reshape(-1).to(torch.int64)
-    lp, ent = _LogprobsEntropy.apply(rows, targets.contiguous(), float(temperature))
-    zero = lp.new_zeros(b, 1)
-    return (torch.cat([zero, lp.view(b, length)[:, :-1]], 1),
-            torch.cat([zero, ent.view(b, length)[:, :-1]], 1))
+def row_grad(rows: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_lp: torch.Tensor,
+             temperature: float = 1.0) -> torch.Tensor:
+    """d(sum of ``grad_lp`` x log-prob)/d ``rows``, ``[n, V]`` in ``rows``' dtype, given
+    :func:`row_stats`' log-normaliser ``lse`` of the same rows and temperature."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _build()
+    n, vocab = rows.shape
+    rows = rows if rows.stride(1) == 1 else rows.contiguous()
+    grad = torch.empty((n, vocab), dtype=rows.dtype, device=rows.device)
+    if n:
+        _kernels[1][(n,)](rows, rows.stride(0), targets.contiguous(), lse.contiguous(),
+                          grad_lp.contiguous().float(), grad, 1.0 / temperature, V=vocab, BLOCK=BLOCK, num_warps=8)
+    return grad

@@ -14,7 +14,7 @@ Attention backends (``attention=``):
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -24,6 +24,7 @@ from agentrl.trainer.moe import transformer_kwargs as moe_transformer_kwargs
 from agentrl.weights.convert import ModelShape, Spec, hf_to_megatron
 
 Attention = Literal["auto", "sdpa", "local", "te"]
+Recompute = Literal["none", "selective", "full"]
 
 
 def te_available() -> bool:
@@ -76,11 +77,13 @@ def transformer_config_from_hf(
     tp_size: int = 1,
     dtype: torch.dtype = torch.float32,
     init_weights: bool = False,
-    recompute: bool = False,
+    recompute: Recompute = "none",
+    recompute_modules: Sequence[str] = ("core_attn",),
     moe: Any = None,
     **overrides: Any,
 ):
-    """Megatron ``TransformerConfig`` equivalent to a HF Qwen2/Qwen3/Llama config (dropout off)."""
+    """Megatron ``TransformerConfig`` equivalent to a HF Qwen2/Qwen3/Llama config (dropout off).
+    ``recompute``: ``full`` checkpoints every layer; ``selective`` checkpoints ``recompute_modules``."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     shape = ModelShape.from_hf_config(hf_config)
@@ -121,8 +124,12 @@ def transformer_config_from_hf(
         perform_initialization=init_weights,
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
     )
-    if recompute:
+    if recompute == "full":
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif recompute == "selective":
+        kwargs.update(recompute_granularity="selective", recompute_modules=list(recompute_modules))
+    elif recompute != "none":
+        raise ValueError(f"recompute must be none|selective|full, got {recompute!r}")
     kwargs.update(moe_transformer_kwargs(shape, moe))  # {} for dense models; ``moe``: trainer.moe settings
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
@@ -155,7 +162,8 @@ def build_gpt_model(
     dtype: torch.dtype = torch.float32,
     attention: Attention = "auto",
     init_weights: bool = False,
-    recompute: bool = False,
+    recompute: Recompute = "none",
+    recompute_modules: Sequence[str] = ("core_attn",),
     moe: Any = None,
 ):
     """A ``GPTModel`` shaped like ``hf_config`` (model parallel state must be initialised first).
@@ -165,7 +173,8 @@ def build_gpt_model(
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     config = transformer_config_from_hf(
-        hf_config, tp_size=tp_size, dtype=dtype, init_weights=init_weights, recompute=recompute, moe=moe,
+        hf_config, tp_size=tp_size, dtype=dtype, init_weights=init_weights, recompute=recompute,
+        recompute_modules=recompute_modules, moe=moe,
     )
     shape = ModelShape.from_hf_config(hf_config)
     theta, rope_kwargs = _rope(hf_config)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.settings import FunctionPath, Settings
 from agentrl.trainer.lora import LoraConfig
@@ -28,7 +28,13 @@ class TrainerConfig(Settings):
                                                   "in the trainer and in the engines (a weight sync copies its bits)")
     attention: Literal["auto", "sdpa", "local", "te"] = Field("auto", description="core attention backend")
     seed: int = Field(1234, description="Megatron RNG seed")
-    recompute: bool = Field(False, description="full activation recomputation (memory for compute)")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="activation recomputation, memory for compute: selective recomputes recompute_modules "
+                            "in every layer; full recomputes whole layers (one more forward). true/false mean full/none")
+    # megatron-core's other modules need TransformerEngine (layernorm, moe_act) or MLA (mla_up_proj)
+    recompute_modules: list[Literal["core_attn", "mlp", "moe", "shared_experts"]] = Field(
+        default_factory=lambda: ["core_attn"], description="what recompute='selective' recomputes in each layer "
+                                                           "(megatron-core's recompute_modules; core_attn is its default)")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="low-rank adapters (rank > 0: only they train)")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="mixture-of-experts: routing replay, router losses, EP")
     # optimizer + schedule (Megatron's Adam with decoupled weight decay, or plain SGD)
@@ -44,6 +50,12 @@ class TrainerConfig(Settings):
     adam_eps: float = Field(1e-8, description="Adam epsilon")
     clip_grad: float = Field(1.0, description="global gradient-norm clip")
     use_distributed_optimizer: bool = Field(False, description="shard optimizer state over data-parallel ranks")
+    optimizer_cpu_offload: bool = Field(False, description="Adam's state and update on the CPU "
+                                        "(megatron-core's HybridDeviceOptimizer); needs use_distributed_optimizer and bfloat16")
+    optimizer_offload_fraction: float = Field(1.0, ge=0, le=1, description="share of the parameters whose "
+                                              "optimizer runs on the CPU with optimizer_cpu_offload")
+    overlap_cpu_optimizer_d2h_h2d: bool = Field(False, description="with optimizer_cpu_offload: copy gradients "
+                                                "and parameters on side streams, one CPU optimizer per parameter")
     # batching
     max_tokens_per_microbatch: int = Field(8192, ge=1, description="model tokens per forward/backward "
                                            "(padded: rows x longest; packed: real tokens)")
@@ -62,10 +74,20 @@ class TrainerConfig(Settings):
     ref_model_dir: str | None = Field(None, description="reference policy for KL; None: the initial model")
     old_logprobs: Literal["train", "rollout"] = Field("train", description="behaviour policy: a fresh forward or the sampler's")
 
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_bool(cls, value: object) -> object:
+        """The older ``recompute: true/false`` (full recomputation or none)."""
+        return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
         if self.use_distributed_optimizer and self.optimizer != "adam":
             raise ValueError("Megatron's distributed optimizer supports only optimizer='adam'")
+        if self.optimizer_cpu_offload and not (self.use_distributed_optimizer and self.dtype == "bfloat16"):
+            raise ValueError("optimizer_cpu_offload needs use_distributed_optimizer: true and dtype: bfloat16 "
+                             "(megatron-core's hybrid CPU optimizer runs inside its distributed optimizer, on the "
+                             "fp32 copies of bf16 parameters)")
         if self.packing == "packed" and self.attention == "local":
             raise ValueError("packing='packed' needs attention 'sdpa' or 'te'; 'local' attention runs padded only")
         return self

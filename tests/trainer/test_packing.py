@@ -164,8 +164,8 @@ def test_logits_at_trained_positions_only_train_like_logits_everywhere(tiny_dir,
     loss, metrics and update read only those positions, so they match a step with logits everywhere up to
     float summation order (fp32 tolerances); SGD, as above, so the update is linear in the gradient."""
     from agentrl.trainer.actor import MegatronTrainer
+    from agentrl.trainer import chunked_logprobs
     from agentrl.trainer.losses import LossConfig
-    from agentrl.trainer.model import unwrap
 
     samples = synthetic_samples(n_groups=3, per_group=4, seed=7)
     cfg = TrainerConfig(packing="packed", max_tokens_per_microbatch=64, lr=0.1, optimizer="sgd", old_logprobs="rollout",
@@ -173,9 +173,15 @@ def test_logits_at_trained_positions_only_train_like_logits_everywhere(tiny_dir,
     everywhere, trained = MegatronTrainer(tiny_dir, cfg), MegatronTrainer(tiny_dir, cfg)
     monkeypatch.setattr(everywhere, "_trained_positions", lambda mb: None)
     rows = []
-    for model in (trained.model, trained.ref_model):
-        unwrap(model).output_layer.register_forward_hook(lambda _m, _args, out: rows.append(out[0].shape[0]))
-    m_everywhere, m_trained = everywhere.train_step(samples), trained.train_step(samples)
+    head = chunked_logprobs.linear_logprobs_and_entropy  # the output layer and log-softmax, in chunks
+
+    def counted(hidden, *args, **kwargs):
+        rows.append(hidden.shape[0])
+        return head(hidden, *args, **kwargs)
+
+    m_everywhere = everywhere.train_step(samples)
+    monkeypatch.setattr(chunked_logprobs, "linear_logprobs_and_entropy", counted)
+    m_trained = trained.train_step(samples)
     mbs = trained._micro_batches(samples)
     trained_tokens = sum(int(mb.loss_mask.sum()) for mb in mbs)
     # the policy forward and the reference forward: each runs the head on the trained positions alone

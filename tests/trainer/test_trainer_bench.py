@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "trainer_bench.py"
 
 
@@ -34,3 +36,20 @@ def test_flops_formula_counts_linears_and_head():
     linear = 2 * 2 * (128 * 256 + 128 * 128 + 3 * 128 * 512)
     attn = 2 * 4 * 4 * 32 * 16
     assert bench.forward_flops_per_token(cfg, 32) == linear + attn + 2 * 128 * 1024
+
+
+def test_memory_flags_reach_the_trainer_and_the_row_reports_components(tmp_path):
+    bench = _load()
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--shape", "tiny", "--seq-len", "32", "--seqs-per-microbatch", "2", "--microbatches", "1",
+                     "--steps", "1", "--attention", "sdpa", "--dtype", "bfloat16", "--recompute", "selective",
+                     "--recompute-modules", "mlp", "--logprob-chunk-elements", str(16 * 1024), "--out", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())
+    assert row["recompute"] == "selective" and row["recompute_modules"] == ["mlp"]
+    assert row["logprob_chunk_tokens"] == 16  # 16 x 1024-token vocabulary per chunk
+    # 0.62M parameters: bf16 weights, fp32 gradient buffer, fp32 main copies + two Adam moments
+    n = row["params_m"] * 1e6
+    assert row["params_gib"] * 2**30 == pytest.approx(2 * n, rel=0.01)
+    assert row["grads_gib"] * 2**30 == pytest.approx(4 * n, rel=0.01)
+    assert row["optimizer_gib"] * 2**30 == pytest.approx(12 * n, rel=0.01)
