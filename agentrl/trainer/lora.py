@@ -78,6 +78,10 @@ def _lora_modules():
     )
     from torch import nn
 
+    def _dropout(p: float) -> nn.Module:
+        # Dropout(0) in training still writes a copy of its input (kept for backward): one per adapter.
+        return nn.Dropout(p) if p > 0 else nn.Identity()
+
     class ColumnLora(nn.Module):
         """Adapters on a column-parallel linear whose local output is ``groups`` blocks, each its parts'
         slices side by side (qkv: per local kv group ``[q, k, v]``; fc1: one block ``[gate, up]``)."""
@@ -86,7 +90,7 @@ def _lora_modules():
                      cfg: LoraConfig, dtype: torch.dtype, device: torch.device) -> None:
             super().__init__()
             self.sizes, self.groups, self.scale = sizes, groups, cfg.scale
-            self.dropout = nn.Dropout(cfg.dropout)
+            self.dropout = _dropout(cfg.dropout)
             self.lora_A = nn.ParameterDict({p: nn.Parameter(a_full[p].to(device, dtype)) for p in trained})
             self.lora_B = nn.ParameterDict({p: nn.Parameter(torch.zeros(groups * sizes[p], cfg.rank, device=device,
                                                                         dtype=dtype)) for p in trained})
@@ -121,7 +125,7 @@ def _lora_modules():
                      dtype: torch.dtype, device: torch.device) -> None:
             super().__init__()
             self.scale = cfg.scale
-            self.dropout = nn.Dropout(cfg.dropout)
+            self.dropout = _dropout(cfg.dropout)
             self.lora_A = nn.ParameterDict({part: nn.Parameter(a_local.to(device, dtype))})
             self.lora_B = nn.ParameterDict({part: nn.Parameter(torch.zeros(out_features, cfg.rank, device=device,
                                                                            dtype=dtype))})
