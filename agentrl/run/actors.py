@@ -72,6 +72,10 @@ class TrainerRank:
     def train(self, samples: list[Sample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
 
+    def configure_distill(self, loss: Any) -> None:
+        """Train toward the teacher targets samples carry (``loss``: :class:`agentrl.trainer.losses.DistillLoss`)."""
+        self.trainer.distill = loss
+
     def sync_weights(self, weight_version: str) -> dict[str, Any] | None:
         """Every rank exports (TP shards are gathered collectively); rank 0 pushes to the engines."""
         from agentrl.weights.adapter_sync import adapter_named_tensors, sends_adapters

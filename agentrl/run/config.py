@@ -19,6 +19,7 @@ from agentrl.models.tiny import TINY_SHAPE
 from agentrl.plugins import load_function, resolve
 from agentrl.rollout.settings import RolloutSettings
 from agentrl.run.data import DataSection, FunctionTasks, TaskSource, is_data_path, load_dataset_tasks
+from agentrl.run.distill import DistillSettings
 from agentrl.run.external_agents import ExternalAgentSettings
 from agentrl.run.placement import RaySettings
 from agentrl.run.warmup import WarmupConfig
@@ -126,6 +127,9 @@ class RunConfig(Settings):
     external_agent: ExternalAgentSettings | None = Field(
         None, description="agent processes (any OpenAI-client program) play the episodes through the gateway")
     ray: RaySettings = Field(default_factory=RaySettings, description="the Ray cluster and what each rank and engine reserves (docs/cluster.md)")
+    distill: DistillSettings | None = Field(
+        None, description="on-policy distillation: a teacher model scores the student's sampled tokens (per-token reverse KL); "
+                          "unless group_filter is set, every group is then trained (each carries the teacher's signal)")
 
     @field_validator("tasks")
     @classmethod
@@ -194,6 +198,13 @@ class RunConfig(Settings):
             self.sync_mode, self.sync_options = ADAPTER_MODE, adapter_options(self.sync_options)
         elif sends_adapters(self.sync_mode) and not self.trainer.lora.enabled:
             raise ValueError(f"sync_mode {self.sync_mode!r} sends LoRA adapters; set trainer.lora.rank > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _distill_keeps_every_group(self) -> RunConfig:
+        """A group without reward variance still carries the teacher's signal: distilling, the default filter keeps all."""
+        if self.distill is not None and "group_filter" not in self.model_fields_set:
+            self.group_filter = "agentrl.rollout.buffer:keep_all"
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ step stale; ``fully_async`` never waits for a batch: the pool keeps admitting, e
 across weight updates (the engines pause between turns while the weights change), and ``max_staleness``
 bounds how old a trained token may be (``stale_groups``: drop it or generate it again). A resumed
 fully_async run restarts the pool at the checkpoint's step: tasks that were in flight are read again.
+``score_with_teacher`` gives a batch its teacher targets when the run distills (``distill``), else it is the batch.
 A new schedule is a new function in :data:`SCHEDULES`.
 """
 
@@ -23,7 +24,7 @@ from agentrl.run.session import Run
 
 def train_sync(run: Run) -> None:
     for step in run.steps():
-        batch = run.generate(step)
+        batch = run.score_with_teacher(run.generate(step))
         metrics = run.train(batch)
         metrics |= run.update_weights(step + 1)
         if run.end_step(step + 1, metrics):
@@ -31,10 +32,10 @@ def train_sync(run: Run) -> None:
 
 
 def train_one_step_off(run: Run) -> None:
-    pending = run.generate(run.first_step) if run.steps() else None
+    pending = run.score_with_teacher(run.generate(run.first_step)) if run.steps() else None
     for step in run.steps():
         batch = pending
-        pending = run.generate(step + 1) if step + 1 < run.steps().stop else None
+        pending = run.score_with_teacher(run.generate(step + 1)) if step + 1 < run.steps().stop else None
         metrics = run.train(batch)
         run.wait(pending)  # the in-flight batch finishes on the weights it started with
         metrics |= run.update_weights(step + 1)
@@ -44,7 +45,7 @@ def train_one_step_off(run: Run) -> None:
 
 def train_fully_async(run: Run) -> None:
     for step in run.steps():
-        batch = run.generate(step)  # the next ready groups; the pool keeps admitting
+        batch = run.score_with_teacher(run.generate(step))  # the next ready groups; the pool keeps admitting
         metrics = run.train(batch)
         with run.generation_paused():  # no turn runs on the engines while the weights change
             metrics |= run.update_weights(step + 1)

@@ -62,6 +62,7 @@ class Run:
         self.sample_log = SampleLog(self.out / "samples", trackers=self.trackers)
         self.first_step = 0
         self.rollout: Any = None
+        self.teacher: Any = None  # agentrl.run.distill.Teacher when distilling
         self.trainers: list[Any] = []
         self.plan: Any = None  # agentrl.run.placement.Plan: the placement groups and slots
         self.placement: dict[str, Any] = {}  # where every engine and rank runs (in the first metric row)
@@ -126,6 +127,9 @@ class Run:
             urls = ray.get(self.rollout.engine_urls.remote())
             options = placement.sync_options_for(cfg.sync_mode, cfg.sync_options, self.plan)
             ray.get([t.configure_sync.remote(cfg.sync_mode, urls, options) for t in self.trainers])
+            from agentrl.run.distill import Teacher
+
+            self.teacher = Teacher.start(cfg, base, self.trainers, self.log_dir)
             self._start(model_dir)
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -177,10 +181,12 @@ class Run:
                                   [self.rollout.shutdown.remote()], ROLLOUT_SHUTDOWN_S))
                 if self.trainers:
                     waits.append(("the trainer ranks", [t.close.remote() for t in self.trainers], TRAINER_CLOSE_S))
+                if self.teacher is not None:
+                    waits.append(("the distillation teacher's engines", [self.teacher.shutdown()], ROLLOUT_SHUTDOWN_S))
                 for what, refs, timeout in waits:
                     errors += _settle(refs, started + timeout, what)
             finally:
-                self.trainers, self.rollout = [], None
+                self.trainers, self.rollout, self.teacher = [], None, None
                 if self.plan is not None:
                     self.plan.remove()
                     self.plan = None
@@ -216,6 +222,10 @@ class Run:
         samples, metrics, examples = self.rollout.take_batch.options(num_returns=3).remote(
             step, self.cfg.log_samples, admit)
         return PendingBatch(step, samples, metrics, examples)
+
+    def score_with_teacher(self, batch: PendingBatch) -> PendingBatch:
+        """``batch`` with teacher log-probs on the student's sampled tokens (``distill``); as it is without one."""
+        return batch if self.teacher is None else self.teacher.score(batch)
 
     @contextmanager
     def generation_paused(self) -> Iterator[None]:

@@ -27,7 +27,7 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.cpu_shims import cuda_to_cpu
 from agentrl.trainer.lora import adapter_tensors, apply_lora, merged_state_dict
-from agentrl.trainer.losses import kl_in_reward, policy_loss
+from agentrl.trainer.losses import DistillLoss, kl_in_reward, policy_loss
 from agentrl.trainer.model import (
     build_gpt_model,
     causal_mask,
@@ -226,6 +226,7 @@ class MegatronTrainer:
                 p.requires_grad_(False)
         self.advantage_fn = load_callable(cfg.advantage_fn)
         self.credit_fn = load_callable(cfg.credit_fn) if cfg.credit_fn else None
+        self.distill: DistillLoss | None = None  # set by a run that distills (agentrl.run.distill)
         self.step = 0
 
     # ------------------------------------------------------------------------------------------ construction
@@ -430,7 +431,8 @@ class MegatronTrainer:
                                      "n_samples": float(len(samples))}
         # With KL in the reward the advantages need the forward below; otherwise they are known now.
         advantages = None if cfg.kl_in_reward else self._advantages(samples, reward_t, groups, "advantage")
-        if len(samples) < self.dp_size or (advantages is not None and not any(advantages)):
+        # Distillation trains every token toward the teacher, task advantages or not.
+        if len(samples) < self.dp_size or (advantages is not None and not any(advantages) and self.distill is None):
             return self._skip(metrics)
 
         local = self._local_indices(len(samples), self.dp_rank)
@@ -551,7 +553,8 @@ class MegatronTrainer:
                                              trained_only=True)
         old_lp = lp.detach() if plan.old_from_train else _pad_rows([plan.old_by_sample[i] for i in ids], width)
         has_rollout = all(sample_field(plan.samples[i], "rollout_logprobs") for i in ids)
-        return policy_loss(
+        loss_fn = policy_loss if self.distill is None else self.distill.bind([plan.samples[i] for i in ids], width)
+        return loss_fn(
             lp, old_lp, mb.advantages, mb.loss_mask, plan.loss_cfg,
             rollout_logprobs=mb.rollout_logprobs if has_rollout else None,
             ref_logprobs=ref_lp if not self.config.kl_in_reward else None,

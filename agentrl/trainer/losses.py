@@ -7,7 +7,9 @@ Names follow slime / verl where those exist (``eps_clip``, ``eps_clip_high``, ``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -321,3 +323,69 @@ def policy_loss(
 
 
 AdvantageFn = Callable[[torch.Tensor, Sequence[object]], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------- distillation
+
+# Sample.metadata key: per response token, the teacher's log-prob of the sampled token, or None where the
+# token is no student-sampled token (prompt, tool output, realigned) and so has no teacher target.
+TEACHER_LOGPROBS = "teacher_logprobs"
+DistillMode = Literal["reverse_kl", "advantage"]
+
+
+def teacher_targets(samples: Sequence[Any], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[b, width]`` teacher log-probs and their 0/1 mask in the padded layout (token ``t`` at column ``t``),
+    from each sample's ``metadata[TEACHER_LOGPROBS]`` (absent: no target in that sample)."""
+    from agentrl.trainer.batch import sample_field
+
+    values, present = torch.zeros(len(samples), width), torch.zeros(len(samples), width)
+    for r, sample in enumerate(samples):
+        start = int(sample_field(sample, "response_start"))
+        for j, lp in enumerate((sample_field(sample, "metadata") or {}).get(TEACHER_LOGPROBS) or []):
+            if lp is not None:
+                values[r, start + j], present[r, start + j] = float(lp), 1.0
+    return values, present
+
+
+@dataclass(frozen=True)
+class DistillLoss:
+    """On-policy distillation's share of the loss: ``coef`` and ``mode`` (:func:`distill_policy_loss`)."""
+
+    coef: float
+    mode: DistillMode
+
+    def bind(self, samples: Sequence[Any], width: int) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """:func:`policy_loss`'s signature, distilling toward the teacher targets of ``samples`` (a micro-batch's rows)."""
+        teacher, present = teacher_targets(samples, width)
+        return functools.partial(distill_policy_loss, teacher_logprobs=teacher, teacher_mask=present,
+                                 coef=self.coef, mode=self.mode)
+
+
+def distill_policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
+    *, teacher_logprobs: torch.Tensor, teacher_mask: torch.Tensor, coef: float, mode: DistillMode, **kwargs: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`policy_loss` with per-token reverse KL to a teacher, on the tokens ``teacher_mask`` marks.
+
+    ``advantage``: the teacher-minus-student log-prob (student: the behaviour log-probs), times ``coef``, joins
+    each token's task advantage, through the clip and importance weights. ``reverse_kl``: the task loss plus
+    ``coef`` x the sampled reverse KL's score-function surrogate ``sg(lp - lp_teacher) * lp``, whose gradient
+    is ``(lp - lp_teacher) grad lp``, that of KL(student || teacher) on the student's own samples (the KL
+    itself, differentiated through ``lp`` alone, would have zero expected gradient). Metrics add
+    ``distill_reverse_kl`` (the mean of ``old - teacher`` over trained tokens, 0 where no target) and
+    ``distill_target_fraction`` (trained tokens with a teacher target)."""
+    target = teacher_mask.to(logprobs.dtype) * mask.to(logprobs.dtype)
+    teacher_minus_student = (teacher_logprobs - old_logprobs).detach() * target
+    if mode == "advantage":
+        per_token = advantages[:, None].expand_as(logprobs) if advantages.dim() == 1 else advantages
+        loss, metrics = policy_loss(logprobs, old_logprobs, per_token + coef * teacher_minus_student, mask, cfg, **kwargs)
+    elif mode == "reverse_kl":
+        loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, cfg, **kwargs)
+        surrogate = -teacher_minus_student * logprobs
+        loss = loss + coef * reduce_tokens(surrogate, mask, cfg.normalization, n_tokens=kwargs.get("n_tokens"),
+                                           n_seqs=kwargs.get("n_seqs"))
+    else:
+        raise ValueError(f"unknown distill mode {mode!r} (reverse_kl, advantage)")
+    metrics["distill_reverse_kl"] = reduce_tokens(-teacher_minus_student, mask)
+    metrics["distill_target_fraction"] = reduce_tokens(target, mask)
+    return loss, metrics
