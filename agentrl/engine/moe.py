@@ -81,7 +81,7 @@ class SparseMoeBlock(nn.Module):
 
     def _keep(self, chosen: torch.Tensor) -> None:
         n = chosen.shape[0]
-        if not torch.cuda.is_current_stream_capturing() and (
+        if not _capturing(chosen) and (
                 self._routed_buffer is None or self._routed_buffer.shape[0] < n
                 or self._routed_buffer.device != chosen.device):
             self._routed_buffer = torch.empty((max(n, _ROUTED_ROWS), self.top_k), dtype=torch.long, device=chosen.device)
@@ -132,7 +132,7 @@ class SparseMoeBlock(nn.Module):
 
     def _check_grouped(self, x: torch.Tensor) -> bool:
         """Whether ``torch._grouped_mm`` runs here and agrees with the per-expert loop (bf16 tolerance)."""
-        if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16 or torch.cuda.is_current_stream_capturing():
+        if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16 or _capturing(x):
             return False
         try:
             gen = torch.Generator(device=x.device).manual_seed(0)
@@ -148,6 +148,11 @@ class SparseMoeBlock(nn.Module):
             _log.exception("grouped expert matmul failed its check; experts run one slice each")
             return False
         return True
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured (never on the CPU, where torch's query may not exist)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def install(model: nn.Module) -> int:
