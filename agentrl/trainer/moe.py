@@ -54,8 +54,7 @@ def transformer_kwargs(shape: Any, moe: MoEConfig | None) -> dict[str, Any]:
         moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
         moe_aux_loss_coeff=moe.aux_loss_coeff,
         moe_z_loss_coeff=moe.z_loss_coeff or None,
-        # alltoall needs CUDA streams; allgather works everywhere (and is what EP over gloo can run)
-        moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
+        moe_token_dispatcher_type="alltoall",  # uneven token counts per rank (allgather needs them equal)
         moe_grouped_gemm=False,
         moe_expert_capacity_factor=None,
         expert_model_parallel_size=moe.expert_parallel_size,
@@ -64,11 +63,27 @@ def transformer_kwargs(shape: Any, moe: MoEConfig | None) -> dict[str, Any]:
 
 def _define_missing_te_gemm() -> None:
     """megatron-core 0.16.1's router gating reads ``te_general_gemm``, which it defines only when
-    TransformerEngine imports; without TE it must be None (its torch fallback then runs)."""
+    TransformerEngine imports; without TE it must be None (its torch fallback then runs). On the CPU its
+    alltoall dispatcher's device-to-host copies, made on a CUDA side stream, are plain (the tensors already
+    live on the host)."""
     from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    if not torch.cuda.is_available() and MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "host"  # not None: no CUDA stream is made
+        MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _host_dtoh
+
+
+def _host_dtoh(self: Any, point: str, tokens_per_expert: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`` without streams: the split sizes as numpy."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
 
 
 def routers(model: torch.nn.Module) -> list[Any]:
