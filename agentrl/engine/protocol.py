@@ -31,6 +31,12 @@ def context_length_of(model_dir: str | Path) -> int | None:
     return None
 
 
+def routes_experts(model_dir: str | Path) -> bool:
+    """Whether the embedded engine reports routing (``return_routed_experts``) for this model: a Qwen3-MoE."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("model_type") == "qwen3_moe" and bool(config.get("num_experts") or config.get("num_local_experts"))
+
+
 class BadRequest(ValueError):
     """A request the engine refuses; the message is returned to the client with ``status``."""
 

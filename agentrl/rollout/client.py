@@ -141,7 +141,9 @@ class RolloutClient:
         retry_budget_s: float = 60.0,
         max_connections: int = 1024,
         abort_timeout: float = 5.0,
+        return_routed_experts: bool = False,
     ) -> None:
+        """``return_routed_experts``: ask an MoE engine for each sampled token's experts (routing replay)."""
         if timeout <= 0 or backoff < 0 or max_retries < 0 or retry_budget_s < 0:
             raise ValueError("timeout must be > 0; backoff, max_retries and retry_budget_s must be >= 0")
         self.base_url = base_url.rstrip("/")
@@ -157,6 +159,7 @@ class RolloutClient:
         self._generate_url = self.base_url + "/generate"
         self._abort_via_fanout: bool | None = None  # learned on the first abort: engine or smg?
         self.retries = 0  # transient failures retried so far (observability, tests)
+        self.return_routed_experts = return_routed_experts
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -207,6 +210,8 @@ class RolloutClient:
         base_rid = rid or uuid.uuid4().hex
         body: dict[str, Any] = {"input_ids": prompt, "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": True, "rid": base_rid}
+        if self.return_routed_experts:
+            body["return_routed_experts"] = True
         headers = {ROUTING_KEY_HEADER: session_id, "Content-Type": "application/json"}
         started = time.monotonic()
         attempt = 0

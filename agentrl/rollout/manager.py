@@ -210,7 +210,11 @@ class RolloutManager:
         from agentrl.rollout.client import RolloutClient
 
         if self._client is None:
-            self._client = RolloutClient(self.router.url)
+            from agentrl.engine.protocol import routes_experts
+
+            # MoE on agentrl's engines: every turn records its experts (the trainer replays or compares them)
+            routing = self.settings.engine == "embedded" and routes_experts(self.model_dir)
+            self._client = RolloutClient(self.router.url, return_routed_experts=routing)
         return self._client
 
     # -- episodes ------------------------------------------------------------------------------

@@ -107,3 +107,9 @@ def test_sorted_by_expert_path_equals_the_loop(moe_server):
         block_sorted = block._sorted_experts(x, chosen, weights)
     # same products, summed in another order per token: fp32 rounding only
     assert (looped - block_sorted).abs().max().item() < 1e-5
+
+
+def test_rollouts_ask_only_moe_models_for_routing(moe_model, tiny_model):
+    from agentrl.engine.protocol import routes_experts
+
+    assert routes_experts(moe_model) and not routes_experts(tiny_model)
