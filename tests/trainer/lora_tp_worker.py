@@ -21,7 +21,8 @@ def run(model_dir: str, out: Path) -> None:
     from agentrl.trainer.trainer_config import TrainerConfig
 
     trainer = MegatronTrainer(model_dir, TrainerConfig(tp_size=2, **CONFIG))
-    results = {"metrics": [trainer.train_step(batch) for batch in BATCHES()]}
+    results = {"init": [(n, a.clone(), b.clone()) for n, a, b in trainer.export_adapter_tensors()]}
+    results["metrics"] = [trainer.train_step(batch) for batch in BATCHES()]
     results["logprobs"] = trainer.compute_logprobs(BATCHES()[0])
     results["adapters"] = [(n, a.clone(), b.clone()) for n, a, b in trainer.export_adapter_tensors()]
     results["merged"] = dict(trainer.export_hf_named_tensors())
