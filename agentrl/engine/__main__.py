@@ -12,6 +12,7 @@ import sys
 
 from agentrl.engine.auth import SECRET_ENV
 from agentrl.engine.launch import non_loopback_warning
+from agentrl.engine.scheduler import MAX_BATCH_SIZE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=64)
+    p.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int,
+                   default=MAX_BATCH_SIZE)
     p.add_argument("--max-prefill-tokens", type=int, default=8192, help="new prompt tokens per prefill batch")
     p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="token budget of the prefix KV cache")
     p.add_argument("--weight-version", default="default")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.metrics import EngineMetrics
 from agentrl.engine.prefix_cache import PrefixCache
-from agentrl.engine.scheduler import Scheduler
+from agentrl.engine.scheduler import MAX_BATCH_SIZE, Scheduler
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ class EngineConfig:
     model_path: str
     dtype: str = "float32"
     device: str | None = None
-    max_batch_size: int = 64
+    max_batch_size: int = MAX_BATCH_SIZE
     max_prefill_tokens: int = 8192  # new (uncached) prompt tokens prefilled together in one forward
     prefix_cache_tokens: int = 65536
     weight_version: str = "default"

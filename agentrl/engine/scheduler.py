@@ -42,6 +42,9 @@ _RID_NUMBERS = itertools.count()
 # Sequences admitted together without a cached past that share at least this many leading tokens prefill
 # them once (Scheduler._share_prefix, decoders with their own prefill only).
 SHARED_PREFIX_MIN_TOKENS = 16
+# Rows a decode step runs at most (--max-batch-size): the one declaration of the engine's batch size, also
+# the rollout's default episodes in flight per engine (rollout.settings.EPISODES_PER_ENGINE).
+MAX_BATCH_SIZE = 64
 
 
 @dataclass
@@ -85,7 +88,7 @@ class Scheduler:
         prefix_cache: PrefixCache,
         metrics: EngineMetrics,
         *,
-        max_batch_size: int = 64,
+        max_batch_size: int = MAX_BATCH_SIZE,
         max_prefill_tokens: int = 8192,
         weight_version: Callable[[], str],
         decoder: Any = None,

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agentrl.engine.scheduler import MAX_BATCH_SIZE
 from agentrl.rollout.judge import JudgeSettings
 from agentrl.rollout.remote_reward import RemoteRewardSettings
 from agentrl.settings import FunctionPath, Settings
@@ -14,7 +15,7 @@ from agentrl.settings import FunctionPath, Settings
 # The embedded engine's default --max-batch-size. Fewer episodes in flight than the engines batch leave rows
 # idle: the main job (2 engines, 128 episodes a step) at 64 in flight spent 15-25% more engine CPU per rollout
 # and per 200-task evaluation than at 128 (benchmarks/results/main_job_step_profile.md).
-EPISODES_PER_ENGINE = 64
+EPISODES_PER_ENGINE = MAX_BATCH_SIZE
 
 
 class RolloutSettings(Settings):
