@@ -163,8 +163,8 @@ def test_logits_at_trained_positions_only_train_like_logits_everywhere(tiny_dir,
     """On the CPU the packed train step runs the output layer only where a trained token is predicted. The
     loss, metrics and update read only those positions, so they match a step with logits everywhere up to
     float summation order (fp32 tolerances); SGD, as above, so the update is linear in the gradient."""
-    from agentrl.trainer.actor import MegatronTrainer
     from agentrl.trainer import chunked_logprobs
+    from agentrl.trainer.actor import MegatronTrainer
     from agentrl.trainer.losses import LossConfig
 
     samples = synthetic_samples(n_groups=3, per_group=4, seed=7)
