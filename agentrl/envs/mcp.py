@@ -8,21 +8,72 @@ through ``tools/call``. A tool's error result (``isError``) is a message for the
 failure; a server that dies or stops answering is :class:`MCPServerError`, which fails that episode.
 
 Subclass it: set ``mcp_command`` (or ``mcp_url``), write ``prompt(task)`` (the initial messages) and
-``reward()``; ``self.mcp_calls`` lists the server tools called this episode.
+``reward()``; ``self.mcp_calls`` lists the server tools called this episode. A run's config may name the
+server instead (``rollout.mcp``, :class:`MCPServerSettings`): checked at load, before Ray starts, and set
+on every environment the run makes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.envs.environment import Environment, ToolCallError
 from agentrl.envs.formats import ToolCall
+from agentrl.settings import Settings
 
 
 class MCPServerError(RuntimeError):
     """The episode's MCP server could not be started, died, or did not answer."""
+
+
+class MCPServerSettings(Settings):
+    """``rollout.mcp``: the MCP server of an :class:`MCPEnvironment`, overriding its class's own."""
+
+    command: list[str] | None = Field(None, description="a stdio server: argv of the process each episode starts")
+    url: str | None = Field(None, description="a streamable-HTTP server's endpoint, e.g. http://127.0.0.1:8000/mcp")
+    timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False, description="per MCP request (initialize, tools/list, tools/call)")
+
+    @field_validator("command")
+    @classmethod
+    def _command_runs(cls, argv: list[str] | None) -> list[str] | None:
+        if argv is None:
+            return None
+        if not argv or not argv[0].strip():
+            raise ValueError("mcp.command must name a program")
+        if shutil.which(argv[0]) is None:
+            raise ValueError(f"mcp.command: {argv[0]!r} is not an executable on PATH or a path to one")
+        scripts = [a for a in argv[1:] if a.endswith(".py") and not Path(a).is_file()]
+        if scripts:  # `python server.py` with a wrong path would fail only in the first episode
+            raise ValueError(f"mcp.command: no such server script {scripts[0]!r}")
+        return argv
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, url: str | None) -> str | None:
+        if url is not None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"mcp.url must be an http(s)://host[:port]/path URL, got {url!r}")
+        return url
+
+    @model_validator(mode="after")
+    def _one_server(self) -> MCPServerSettings:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("mcp: set exactly one of command (a stdio server) and url (streamable HTTP)")
+        return self
+
+    def apply(self, env: Environment) -> None:
+        """Point ``env`` (an :class:`MCPEnvironment`) at this server."""
+        if not isinstance(env, MCPEnvironment):
+            raise TypeError(f"rollout.mcp needs an MCPEnvironment; {type(env).__name__} is not one")
+        env.mcp_command, env.mcp_url, env.mcp_timeout_s = self.command, self.url, self.timeout_s
 
 
 class MCPEnvironment(Environment):

@@ -107,6 +107,8 @@ class RolloutManager:
                 env.tool_format = s.tool_format
             if s.prompt_mode is not None:
                 env.prompt_mode = s.prompt_mode
+            if s.mcp is not None:
+                s.mcp.apply(env)
             return env
 
         judged = with_judge(make, self.judge) if self.judge else make

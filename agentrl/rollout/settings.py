@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from agentrl.engine.scheduler import MAX_BATCH_SIZE
+from agentrl.envs.mcp import MCPServerSettings
 from agentrl.rollout.judge import JudgeSettings
 from agentrl.rollout.remote_reward import RemoteRewardSettings
 from agentrl.settings import FunctionPath, Settings
@@ -42,6 +43,7 @@ class RolloutSettings(Settings):
                                              description="weights of named reward components (unlisted: 1)")
     remote_reward: RemoteRewardSettings | None = Field(None, description="an HTTP endpoint scoring each episode")
     judge: JudgeSettings | None = Field(None, description="a generative reward model on engines of the run scoring each episode")
+    mcp: MCPServerSettings | None = Field(None, description="the MCP server of an MCPEnvironment env (overrides the class's own)")
     restart_dead_engines: bool = Field(False, description="restart an engine that died (it is always removed from the router)")
     policy: str = Field("realign", description="drift policy: realign, fork, truncate, or module:Class")
     episode_function: FunctionPath | None = Field(

@@ -213,8 +213,11 @@ class RunConfig(Settings):
         from agentrl.envs import Environment
         from agentrl.envs.environment import TOOL_FORMAT_AUTO, check_prompt_mode
         from agentrl.envs.formats import get_tool_call_format
+        from agentrl.envs.mcp import MCPEnvironment
 
         env = resolve(self.env, {}, what="env", base=Environment)
+        if self.rollout.mcp is not None and not issubclass(env, MCPEnvironment):
+            raise ValueError(f"rollout.mcp names an MCP server, but env {self.env} is no MCPEnvironment")
         if self.rollout.prompt_mode is None:
             check_prompt_mode(env.prompt_mode, f"{self.env}.prompt_mode")
         if self.rollout.tool_format is None and env.tool_format != TOOL_FORMAT_AUTO:
