@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int,
                    default=MAX_BATCH_SIZE)
     p.add_argument("--max-prefill-tokens", type=int, default=8192, help="new prompt tokens per prefill batch")
+    p.add_argument("--admit-wait-ratio", type=float, default=4.0,
+                   help="while rows run, waiting requests join once the oldest waited this many admissions' cost "
+                        "(0: before every step)")
     p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="token budget of the prefix KV cache")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--enable-memory-saver", action="store_true", help="CUDA only: use torch_memory_saver")
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         max_batch_size=args.max_batch_size,
         max_prefill_tokens=args.max_prefill_tokens,
+        admit_wait_ratio=args.admit_wait_ratio,
         prefix_cache_tokens=args.prefix_cache_tokens,
         weight_version=args.weight_version,
         host=args.host,

@@ -29,6 +29,7 @@ class EngineConfig:
     device: str | None = None
     max_batch_size: int = MAX_BATCH_SIZE
     max_prefill_tokens: int = 8192  # new (uncached) prompt tokens prefilled together in one forward
+    admit_wait_ratio: float = 4.0  # waiting requests join a busy batch in groups: scheduler.py's docstring
     prefix_cache_tokens: int = 65536
     weight_version: str = "default"
     host: str = "127.0.0.1"
@@ -77,6 +78,7 @@ class Engine:
             max_prefill_tokens=config.max_prefill_tokens,
             weight_version=lambda: self.weight_version,
             decoder=self.decoder,
+            admit_wait_ratio=config.admit_wait_ratio,
         )
         self.memory_released: set[str] = set()
         self._offloaded: dict[str, Any] | None = None

@@ -4,6 +4,11 @@ The asyncio side never touches the model: it submits :class:`Sequence` objects a
 (weight updates, cache flushes) and is notified through ``loop.call_soon_threadsafe``. Control operations
 run in the worker between steps, which makes every weight update atomic with respect to forward passes.
 
+Admission is grouped: a prefill launched from Python costs the host about as much whether it carries one
+prompt or many, so while rows run, waiting sequences join only once the oldest has waited ``admit_wait_ratio``
+times what an admission has been costing (or at once when they would fill the free rows): admissions then
+take at most about ``1 / (1 + admit_wait_ratio)`` of a busy batch's time, as TGI's ``max_waiting_tokens``.
+
 Pause modes mirror SGLang: ``abort`` finishes every in-flight request with ``finish_reason.type ==
 "abort"``; ``in_place`` freezes running requests with their KV; ``retract`` moves them back to the queue
 and drops their KV, so on ``continue`` they are re-prefilled (with the weights current then). New
@@ -70,6 +75,7 @@ class Sequence:
     loop: asyncio.AbstractEventLoop | None = None
     text_cache: str = ""
     created: float = field(default_factory=time.monotonic)
+    queued: float = 0.0  # when it last joined the waiting queue (submit, retract): Scheduler._admit_due
 
     @property
     def finished(self) -> bool:
@@ -92,9 +98,13 @@ class Scheduler:
         max_prefill_tokens: int = 8192,
         weight_version: Callable[[], str],
         decoder: Any = None,
+        admit_wait_ratio: float = 4.0,
     ) -> None:
         """``decoder``: what runs decode steps and holds the running batch in place of ``runner`` (same
-        ``decode`` / ``empty_batch``, e.g. :class:`~agentrl.engine.cpu_decode.LeanDecoder`)."""
+        ``decode`` / ``empty_batch``, e.g. :class:`~agentrl.engine.cpu_decode.LeanDecoder`).
+        ``admit_wait_ratio``: see the module docstring (0: admit before every step)."""
+        if admit_wait_ratio < 0:
+            raise ValueError(f"admit_wait_ratio must be >= 0, got {admit_wait_ratio}")
         self.runner = runner
         self.decoder = decoder if decoder is not None else runner
         self.prefix_cache = prefix_cache
@@ -119,6 +129,10 @@ class Scheduler:
         self.pipeline_depth = 2
         self.pipelined_steps = 0
         self.dropped_tokens = 0  # drawn in a queued step for a row that had finished at an earlier step
+        self.admit_wait_ratio = admit_wait_ratio
+        self.admit_seconds = 0.0  # what an admission costs, a moving average (_admit_due)
+        self.admissions = 0
+        self.decode_steps = 0
 
     # ---- called from the event loop / other threads -------------------------------------------
     def start(self) -> None:
@@ -131,6 +145,7 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     def submit(self, seq: Sequence) -> None:
+        seq.queued = time.monotonic()
         with self._cond:
             self.waiting.append(seq)
             self._cond.notify_all()
@@ -184,6 +199,15 @@ class Scheduler:
         }
 
     # ---- worker thread -----------------------------------------------------------------------
+    def _admit_due(self) -> bool:
+        """Whether waiting sequences join before the next step (see the module docstring)."""
+        free = self.max_batch_size - len(self.running)
+        if not self.waiting or free <= 0:
+            return False
+        if not self.running or len(self.waiting) >= free:
+            return True
+        return time.monotonic() - self.waiting[0].queued >= self.admit_wait_ratio * self.admit_seconds
+
     def _has_work(self) -> bool:
         return bool(self._controls) or (not self.paused and bool(self.waiting or self.running)) or any(
             s.abort_requested for s in itertools.chain(self.waiting, self.running)
@@ -198,7 +222,7 @@ class Scheduler:
                     break
                 controls = list(self._controls)
                 self._controls.clear()
-            if self._pending and (controls or self.waiting or self.paused
+            if self._pending and (controls or self._admit_due() or self.paused
                                   or any(s.abort_requested for s in self.running)):
                 try:
                     self._drain()
@@ -240,10 +264,10 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Prefill waiting sequences together (up to the batch and prefill-token budgets)."""
-        if self._pending:
-            if not self.waiting:
-                return
-            self._drain()  # rows join a batch with no step in flight
+        if not self._admit_due():
+            return
+        self._drain()  # rows join a batch with no step in flight
+        began = time.perf_counter()
         admitted: list[tuple[Sequence, list[int], Any]] = []
         new_tokens = 0
         while len(self.running) + len(admitted) < self.max_batch_size:
@@ -282,6 +306,8 @@ class Scheduler:
             seq.weight_version = self._weight_version()
             self._append_token(seq, tok, lp)
         self._finish_done()
+        self.admissions += 1
+        self.admit_seconds += 0.3 * (time.perf_counter() - began - self.admit_seconds)
 
     def _share_prefix(self, items: list[tuple[list[int], Any]]) -> list[tuple[list[int], Any]]:
         """``items`` where the sequences without a cached past that start alike (a system prompt, a group's
@@ -337,6 +363,7 @@ class Scheduler:
         self.generated_tokens += appended
         self.metrics.generated_tokens.inc(appended)  # one counter update per step, not per row
         self.metrics.observe_batch(len(self.running))
+        self.decode_steps += 1
         if self._pending and any(s.pending_finish_reason is not None for s in self.running):
             self._drain()  # rows leave a batch with no step in flight
         self._finish_done()
@@ -359,7 +386,7 @@ class Scheduler:
         """Whether no running row finishes with ``new_tokens``, none runs out of length or context within
         ``ahead`` more steps, and nothing waits to change the batch: then ``ahead`` steps may be in flight
         when they are appended. (A row may still draw a stop token in a queued step; see _decode_step.)"""
-        if self.waiting or self._controls or self.paused:
+        if self._admit_due() or self._controls or self.paused:
             return False
         eos, context = self.runner.eos_token_ids, self.runner.context_length
         for seq, tok in zip(self.running, new_tokens, strict=True):
