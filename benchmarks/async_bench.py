@@ -103,6 +103,8 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
         hist.update({k.removeprefix("rollout/staleness_hist/"): v for k, v in r.items()
                      if k.startswith("rollout/staleness_hist/")})
     tokens = sum(hist.values())
+    generated = sum(r.get("rollout/tokens_generated", 0.0) for r in trained)
+    discarded = sum(r.get("rollout/tokens_discarded", 0.0) for r in trained)
     return {
         "loop": loop, "steps": len(trained), "grpo_seconds": round(grpo_s, 1), "process_seconds": round(wall_s, 1),
         "trained_episodes": samples, "episodes_per_minute": round(samples / (grpo_s / 60), 2) if grpo_s else 0.0,
@@ -117,6 +119,10 @@ def summarise(out: Path, loop: str, engine_idle: float | None, wall_s: float) ->
         "staleness_hist_tokens": dict(sorted(hist.items())),
         "stale_groups_dropped": sum(r.get("rollout/stale_groups", 0.0) for r in trained),
         "turns_aborted": sum(r.get("rollout/turns_aborted", 0.0) for r in trained),
+        "tokens_generated": generated,
+        "tokens_discarded": discarded,
+        # drawn, thrown away at a weight update (abort) and drawn again: what resume saves
+        "regenerated_token_fraction": round(discarded / generated, 4) if generated else None,
         "unproven_trained_tokens": sum(r.get("rollout/unproven_trained_tokens", 0.0) for r in trained),
         "verify_refused": sum(r.get("verify/refused", 0.0) for r in trained),
         "seconds_per_step": round(grpo_s / len(timed), 2) if timed else None,
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", type=Path, default=REPO / ".cache" / "agentrl")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "async_bench")
     p.add_argument("--max-staleness", type=int, default=2)
-    p.add_argument("--partial-rollout", default="continue", choices=["continue", "abort"])
+    p.add_argument("--partial-rollout", default="continue", choices=["continue", "abort", "resume"])
     p.add_argument("--eval-tasks", type=int, default=100)
     p.add_argument("--lr", type=float, default=None,
                    help="a constant rate after 5 warm-up steps instead of the config's schedule (the main job's: 3e-4, "

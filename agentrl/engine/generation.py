@@ -102,6 +102,8 @@ class Generation:
             "completion_tokens": n,
             "cached_tokens": seq.cached_tokens,
             "weight_version": seq.weight_version,
+            # the version each output token was drawn under: [first index, version] per run of one version
+            "weight_version_spans": [span for span in seq.version_spans if span[0] < n] or [[0, seq.weight_version]],
             "e2e_latency": time.monotonic() - seq.created,
         }
         if seq.routed_experts is not None:  # MoE: one flat layers x top-k list of expert ids per output token

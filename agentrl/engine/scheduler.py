@@ -67,6 +67,9 @@ class Sequence:
     finish_reason: dict[str, Any] | None = None  # set last, when the result is complete
     pending_finish_reason: dict[str, Any] | None = None  # decided by the worker; finish_reason on removal
     weight_version: str = "default"
+    # [first output index, weight version] each time the version of the tokens drawn changes: a sequence
+    # retracted at a weight update and admitted again continues on the new weights (pause mode "retract")
+    version_spans: list[list[Any]] = field(default_factory=list)
     abort_requested: bool = False
     abort_message: str = "Abort in waiting queue"
     generator: torch.Generator | None = None
@@ -302,8 +305,11 @@ class Scheduler:
         if prefill_into is None:
             self.batch = self.batch.extend(kvs)
         self._keep_routing(seqs)
+        version = self._weight_version()
         for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
-            seq.weight_version = self._weight_version()
+            seq.weight_version = version
+            if not seq.version_spans or seq.version_spans[-1][1] != version:
+                seq.version_spans.append([len(seq.output_ids), version])
             self._append_token(seq, tok, lp)
         self._finish_done()
         self.admissions += 1
@@ -352,6 +358,10 @@ class Scheduler:
                 drawn = self._sample(logits, self.running)
                 self._keep_routing(self.running)
         new_tokens, logprobs = drawn
+        version = self._weight_version()
+        if version != self.running[0].version_spans[-1][1]:  # weights changed under rows paused in place
+            for seq in self.running:
+                seq.version_spans.append([len(seq.output_ids), version])
         if pipeline and launch is not None:
             self._queue_ahead(launch, new_tokens)
         appended = 0

@@ -18,8 +18,12 @@ only a matter of *admission*:
 
 A weight update goes through :meth:`pause` / :meth:`resume`. The pool's :class:`WeightGate` stops new
 turns from starting, then either waits for the turns being generated to finish on the old weights
-(``partial_rollout="continue"``) or has the engines abort them (``"abort"``); an aborted turn is sent
-again, once the gate reopens, on the new weights: its episode keeps its finished turns and is never lost.
+(``partial_rollout="continue"``), has the engines abort them (``"abort"``): an aborted turn is sent
+again, once the gate reopens, on the new weights, its episode keeps its finished turns and is never lost;
+or (``"resume"``) has the engines retract them, which keeps every token drawn so far: after the update each
+such turn is prefilled again on the new weights and goes on from its last sampled token, and the engine
+reports which tokens each version drew (``meta_info.weight_version_spans``); the trainer's per-token
+importance weights (``importance_weights: tis``) correct each token by its own sampler's log-prob.
 
 Each batch's metrics (one builder, :meth:`EpisodePool._metrics`) carry, as ``env/<name>``, what the
 environment class's ``rollout_metrics()`` hook reports (its own infrastructure since the last call).
@@ -209,6 +213,9 @@ class _Batch:
     started: float = field(default_factory=time.monotonic)
 
 
+# the engines' pause mode per ``partial_rollout``: ``retract`` drops the KV drawn on the old weights, so
+# a resumed turn's later tokens see only new-weight activations (``in_place`` would keep the old KV)
+ENGINE_PAUSE = {"continue": "in_place", "abort": "abort", "resume": "retract"}
 Pauser = Callable[[str], Any]  # engine-side pause(mode) / continue (mode "") — blocking, run in a thread
 
 
@@ -302,9 +309,11 @@ class EpisodePool:
                 turn = await self.client_generate(input_ids, session_id=session_id, sampling_params=sampling_params)
             finally:
                 self.gate.leave()
+            self._since_take["tokens_generated"] += len(turn.output_ids)
             if turn.finish_reason == "abort" and self.gate.epoch != epoch:
                 self.counts["turns_aborted"] += 1
                 self._since_take["turns_aborted"] += 1
+                self._since_take["tokens_discarded"] += len(turn.output_ids)  # drawn, then generated again
                 requeued = True
                 continue
             return turn
@@ -419,6 +428,8 @@ class EpisodePool:
             "rollout/oversampled_groups": float(max(0, len(b.considered) - self.groups_per_batch)),
             "rollout/turns_aborted": float(self._since_take["turns_aborted"]),
             "rollout/turns_requeued": float(self._since_take["turns_requeued"]),
+            "rollout/tokens_generated": float(self._since_take["tokens_generated"]),
+            "rollout/tokens_discarded": float(self._since_take["tokens_discarded"]),
             "rollout/episodes_in_flight": float(len(self.running)),
             "rollout/groups_ready": float(len(self.ready)),
             "rollout/generate_busy_fraction": (busy - last_busy) / max(wall - last_wall, 1e-9),
@@ -435,11 +446,12 @@ class EpisodePool:
 
     async def pause(self) -> None:
         """Stop new turns and pause the engines: turns being generated finish on the old weights
-        (``continue``) or are aborted, to be sent again after :meth:`resume` (``abort``)."""
+        (``continue``), are aborted, to be sent again after :meth:`resume` (``abort``), or are retracted
+        with their tokens, to go on after :meth:`resume` on the new weights (``resume``)."""
         mode = self.schedule.partial_rollout if self.schedule is not None else "continue"
         await self.gate.close(drain=mode == "continue")
         if self.engine_control is not None:
-            await asyncio.to_thread(self.engine_control, "abort" if mode == "abort" else "in_place")
+            await asyncio.to_thread(self.engine_control, ENGINE_PAUSE[mode])
 
     async def resume(self) -> None:
         if self.engine_control is not None:

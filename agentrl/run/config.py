@@ -102,9 +102,10 @@ class RunConfig(Settings):
     max_staleness: int = Field(2, ge=0, description="fully_async: no trained token more than this many weight versions behind")
     stale_groups: Literal["drop", "regenerate"] = Field(
         "drop", description="fully_async: a group over max_staleness is dropped, or its task generated again")
-    partial_rollout: Literal["continue", "abort"] = Field(
+    partial_rollout: Literal["continue", "abort", "resume"] = Field(
         "continue", description="fully_async, at a weight update: turns being generated finish on the old weights "
-                                "(continue), or are aborted and sent again on the new ones (abort); episodes go on either way")
+                                "(continue), are aborted and sent again on the new ones (abort), or pause and go on "
+                                "from their last sampled token on the new ones (resume); episodes go on either way")
     dynamic_sampling: bool = Field(False, description="fully_async: keep taking groups until prompts_per_step pass group_filter")
     max_oversample: float = Field(2.0, ge=1.0, description="dynamic_sampling: at most this x prompts_per_step groups per batch")
     sync_mode: str = Field("delta", description="weight sync payload: full, delta (or the presets disk, tensor, broadcast), or module:Class")
