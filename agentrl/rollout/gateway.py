@@ -304,8 +304,10 @@ class Gateway:
         while ids and ids[-1] in self.renderer.stop_ids:
             ids.pop()
         step = max(1, -(-len(ids) // STREAM_PIECES))
-        texts = self.renderer.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
-                                                     clean_up_tokenization_spaces=False)
+        tokenizer = self.renderer.tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # one Rust call: a fifth of batch_decode's time
+        texts = backend.decode_batch([[i] for i in ids], skip_special_tokens=False) if backend is not None else \
+            tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if "".join(texts) == content:
             return ["".join(texts[start:start + step]) for start in range(0, len(texts), step)]
         pieces, sent = [], ""
