@@ -23,6 +23,7 @@ import copy
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +67,13 @@ class ChatRenderer:
         self._delimiters: tuple[str | None, str | None] | None = None
         self._reasoning: tuple[ThinkParser | None] | None = None
         self._encoders = _rust_encoders(tokenizer)
+        self._direct_template = _direct_template(tokenizer)
         # texts already tokenized, per split_special mode: a chat's template pieces (system prompt, tool
         # schemas, role headers) repeat in every render. Exact: each piece is always tokenized on its own.
         self._encoded: dict[bool, dict[str, tuple[int, ...]]] = {True: {}, False: {}}
         self._rendered: dict[str, RenderedChat] = {}  # by the chat's JSON (message and key order kept)
+        self._slotted_texts: dict[str, str] = {}  # template text of chats with placeholders, by their JSON
+        self._checked_tools: tuple[Any, bool] = (None, True)  # the last tool list seen, and whether it is plain
 
     # ---- prompts ---------------------------------------------------------------------------------
     def render(self, messages: list[Message], tools: list[dict] | None = None, *,
@@ -95,13 +99,30 @@ class ChatRenderer:
 
     def _render(self, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool) -> RenderedChat:
         slotted, slots, owner = self._with_placeholders(messages)
-        template_text = self._apply_template(slotted, tools, add_generation_prompt)
+        template_text = self._slotted_template_text(slotted, tools, add_generation_prompt)
         real_text = self._apply_template(messages, tools, add_generation_prompt)
         pieces = self._slot.split(template_text)  # [template, slot, template, slot, ..., template]
         filled = "".join(slots[int(p)] if i % 2 else p for i, p in enumerate(pieces))
         if filled != real_text:  # the template rewrites message text: placeholders would lie
             return self._render_escaped(messages, tools, add_generation_prompt)
         return self._tokenize_segments(pieces, slots, owner, messages, real_text)
+
+    def _slotted_template_text(self, slotted: list[Message], tools: list[dict] | None,
+                               add_generation_prompt: bool) -> str:
+        """The template's text for a chat with placeholders for texts: chats of one shape (roles, other
+        fields, which texts are empty) share it, since placeholders are numbered in order -- every episode
+        of a task family, whatever its numbers or words. The real render still checks each chat."""
+        try:
+            key = json.dumps([slotted, tools, add_generation_prompt], ensure_ascii=False)
+        except (TypeError, ValueError):
+            return self._apply_template(slotted, tools, add_generation_prompt)
+        text = self._slotted_texts.get(key)
+        if text is None:
+            text = self._apply_template(slotted, tools, add_generation_prompt)
+            if len(self._slotted_texts) >= RENDERED_CHATS_KEPT:
+                self._slotted_texts.clear()
+            self._slotted_texts[key] = text
+        return text
 
     def render_continuation(self, messages: list[Message], new_from: int, tools: list[dict] | None = None, *,
                             reply_closed: bool = True) -> list[int]:
@@ -196,10 +217,33 @@ class ChatRenderer:
         return slotted, slots, owner
 
     def _apply_template(self, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
-            **self.chat_template_kwargs,
-        )
+        """The template's text for the chat, as ``apply_chat_template(tokenize=False)`` writes it.
+
+        Plain-JSON chats go straight to the template as transformers compiles it (its sandbox, filters and
+        globals): apply_chat_template first rebuilds every message and tool schema out of plain types
+        (~0.5 ms a call on the main job's chats), which leaves such a chat equal to itself, and the sandbox
+        keeps the template from changing it. Anything else takes transformers' own path."""
+        tools = tools or None
+        direct = self._direct_template
+        variables = {**self.tokenizer.special_tokens_map, **self.chat_template_kwargs} if direct else {}
+        if direct is None or not messages or not (_is_plain(messages) and self._plain_tools(tools)
+                                                  and _is_plain(variables)):
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                **self.chat_template_kwargs,
+            )
+        compile_template, alias_reasoning = direct
+        template = compile_template(self.tokenizer.get_chat_template(None, tools))
+        chat = alias_reasoning([{key: value for key, value in m.items() if value is not None} for m in messages])
+        return template.render(messages=chat, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
+                               **variables)
+
+    def _plain_tools(self, tools: list[dict] | None) -> bool:
+        """:func:`_is_plain` of ``tools``, walked once per list object: an episode renders every turn with the
+        same schemas (a list edited in place after its first render is not walked again)."""
+        if self._checked_tools[0] is not tools:
+            self._checked_tools = (tools, _is_plain(tools))
+        return self._checked_tools[1]
 
     def _tokenize_segments(self, pieces: list[str], slots: list[str], owner: list[int],
                            messages: list[Message], text: str) -> RenderedChat:
@@ -374,6 +418,36 @@ def _rust_encoders(tokenizer: Any) -> dict[bool, Any] | None:
     except Exception:  # noqa: BLE001 - the tokenizer's own call is correct, only slower
         return None
     return encoders
+
+
+def _direct_template(tokenizer: Any) -> tuple[Callable[[str], Any], Callable[[list], list]] | None:
+    """transformers' template compiler (cached per template) and reasoning-field aliasing -- the two steps of
+    ``apply_chat_template`` a plain chat needs -- when ``tokenizer`` renders with transformers' own
+    ``apply_chat_template``; else None (a tokenizer of its own, another transformers: its call stays right)."""
+    try:
+        from transformers import PreTrainedTokenizerBase
+        from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
+    except ImportError:
+        return None
+    if getattr(type(tokenizer), "apply_chat_template", None) is not PreTrainedTokenizerBase.apply_chat_template:
+        return None
+    return _compile_jinja_template, _alias_reasoning_fields
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether ``value`` is built of exact JSON types only (no subclasses, objects or callables)."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) is str for k in value) and all(
+            type(v) in _JSON_SCALARS or _is_plain(v) for v in value.values())
+    if kind is list or kind is tuple:
+        return all(type(v) in _JSON_SCALARS or _is_plain(v) for v in value)
+    return False
 
 
 def _with_text_content(message: Message) -> Message:
