@@ -53,24 +53,36 @@ def test_only_the_students_trained_tokens_are_asked_for() -> None:
         assert sample.metadata.get(TEACHER_LOGPROBS) is None  # the input sample is left as it was
 
 
-def test_the_student_as_its_own_teacher_scores_its_rollout_logprobs(tiny_model_dir) -> None:
-    from agentrl.envs.arithmetic import ArithmeticToolEnv, make_tasks
-    from agentrl.rollout.manager import RolloutManager
-    from agentrl.rollout.settings import RolloutSettings
+def _sampled_session(url: str):
+    """Two turns sampled by the engine at ``url`` (T=0.7), the second prompt adding context tokens."""
+    import json
+    import urllib.request
 
-    settings = RolloutSettings(num_engines=1, max_new_tokens=8, temperature=0.7)
-    with RolloutManager(tiny_model_dir, ArithmeticToolEnv, settings) as manager:
-        async def go():
-            try:
-                return await manager.rollout(make_tasks(2, seed=0, multi_turn=True), 2)
-            finally:
-                await manager.aclose_client()
+    def generate(ids: list[int]) -> TurnRecord:
+        body = {"input_ids": ids, "return_logprob": True,
+                "sampling_params": {"temperature": 0.7, "max_new_tokens": 6, "sampling_seed": len(ids)}}
+        request = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as r:
+            out = json.loads(r.read())
+        lps = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        return TurnRecord(ids, out["output_ids"], lps, out["meta_info"]["finish_reason"]["type"], "0")
 
-        batch = asyncio.run(go())
-    samples = [s for g in batch.groups for s in g]
-    assert samples
-    teacher = TeacherWorker({"teacher": str(tiny_model_dir), "batch_size": 3}, 0.7)
+    manager = TrajectoryManager(policy="realign")
+    first = generate([1, 40, 41, 42])
+    manager.record_turn("s", turn=first, prompt_messages=[{"role": "user", "content": "q"}],
+                        response_message={"role": "assistant", "content": "a"})
+    second = generate([*first.prompt_ids, *first.output_ids, 1, 50, 51, 2])
+    manager.record_turn("s", turn=second, prompt_messages=[{"role": "user", "content": "q"}] * 2,
+                        response_message={"role": "assistant", "content": "b"})
+    return manager.get_trajectory("s", reward=1.0)
+
+
+def test_the_student_as_its_own_teacher_scores_its_sampled_logprobs(tiny_model_dir) -> None:
+    teacher = TeacherWorker({"teacher": str(tiny_model_dir), "batch_size": 1}, 0.7)
     try:
+        samples = _sampled_session(teacher.engines.urls[0]) * 2
+
         async def score():
             try:
                 return await teacher.score(samples, {"rollout/x": 1.0})
@@ -80,12 +92,13 @@ def test_the_student_as_its_own_teacher_scores_its_rollout_logprobs(tiny_model_d
         scored, metrics = asyncio.run(score())
     finally:
         teacher.engines.stop()
-    assert metrics["rollout/x"] == 1.0 and metrics["distill/requests"] == -(-len(samples) // 3)
+    assert metrics["rollout/x"] == 1.0 and metrics["distill/requests"] == len(samples)
     assert metrics["distill/student_tokens"] == sum(len(student_positions(s)) for s in samples) > 0
     assert abs(metrics["distill/reverse_kl"]) < 1e-4  # same weights, same temperature: the sampler's log-probs
     for before, after in zip(samples, scored, strict=True):
         targets = after.metadata[TEACHER_LOGPROBS]
         asked = set(student_positions(before))
+        assert len(asked) < len(targets)  # context tokens are in the response too, and get no target
         for j, value in enumerate(targets):
             assert (value is not None) == (j + before.response_start in asked)
             if value is not None:
