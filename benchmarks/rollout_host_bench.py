@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -28,6 +29,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+CLIENT = "client (this process)"
+# The client process's split: these are inside its CPU time; "client" is what is left (RolloutClient, aiohttp,
+# the event loop, the agent loop's own glue).
+TEMPLATE, TRAJECTORY, PROOF, ENV = "  template + tokenize", "  trajectory manager", "  proof", "  env (tools, reward)"
 
 
 def null_script(renderer, tokenizer, task) -> dict:
@@ -46,6 +51,57 @@ def null_script(renderer, tokenizer, task) -> dict:
     return {"replies": replies, "marker": end, "first": first, "per_turn": max(second - first, 1), "logprob": -0.25}
 
 
+class ComponentClock:
+    """CPU seconds of this thread spent inside wrapped calls, summed per component (the client process's split)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, component: str, fn):
+        self.seconds.setdefault(component, 0.0)
+
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[component] += time.thread_time() - start
+
+        return timed
+
+    def wrap_async(self, component: str, fn):
+        """For coroutines that finish without suspending (the arithmetic tools): else other tasks' CPU counts."""
+        self.seconds.setdefault(component, 0.0)
+
+        async def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.seconds[component] += time.thread_time() - start
+
+        return timed
+
+
+def instrument(clock: ComponentClock, renderer, manager) -> None:
+    """Time the renderer's and the trajectory manager's entry points the agent loop calls."""
+    for name in ("render", "render_continuation", "decode_response"):
+        setattr(renderer, name, clock.wrap(TEMPLATE, getattr(renderer, name)))
+    for name in ("record_turn", "get_trajectory"):
+        setattr(manager, name, clock.wrap(TRAJECTORY, getattr(manager, name)))
+
+
+def timed_env(clock: ComponentClock):
+    """A fresh arithmetic env whose reset, tool calls and reward are timed."""
+    from agentrl.envs.arithmetic import ArithmeticToolEnv
+
+    env = ArithmeticToolEnv()
+    env.reset = clock.wrap(ENV, env.reset)
+    env.reward = clock.wrap(ENV, env.reward)
+    env.call_tool = clock.wrap_async(ENV, env.call_tool)
+    return env
+
+
 def cpu_seconds(pid: int) -> float:
     import psutil
 
@@ -55,19 +111,21 @@ def cpu_seconds(pid: int) -> float:
 
 async def play(args, renderer, client, tasks) -> dict:
     """Every episode, ``args.concurrency`` at a time; groups proved as they complete."""
-    from agentrl.envs.arithmetic import ArithmeticToolEnv
     from agentrl.envs.loop import run_episode
     from agentrl.rollout.proof import RecordingTrajectoryManager, prove_groups
 
     manager = RecordingTrajectoryManager()
+    clock = ComponentClock()
+    instrument(clock, renderer, manager)
+    prove = clock.wrap(PROOF, prove_groups)
     gate = asyncio.Semaphore(args.concurrency)
     sampling = {"temperature": 0.3, "max_new_tokens": 40}
-    counts = {"turns": 0, "tool_calls": 0, "episodes": 0, "samples": 0, "proved": 0, "errors": 0, "proof_s": 0.0}
+    counts = {"turns": 0, "tool_calls": 0, "episodes": 0, "samples": 0, "proved": 0, "errors": 0}
 
     async def episode(i: int, task) -> object:
         async with gate:
             try:
-                result = await run_episode(ArithmeticToolEnv(), task, client.generate_turn, renderer,
+                result = await run_episode(timed_env(clock), task, client.generate_turn, renderer,
                                            session_id=f"ep-{i}", group_id=f"g-{i // args.group}",
                                            sampling_params=sampling, trajectory_manager=manager)
             except Exception as exc:  # noqa: BLE001 - counted, as the pool does
@@ -84,13 +142,12 @@ async def play(args, renderer, client, tasks) -> dict:
         done = [r for r in results if r is not None]
         samples = [s for r in done for s in r.samples]
         records = {r.session_id: manager.emitted.pop(r.session_id) for r in done if r.session_id in manager.emitted}
-        start = time.perf_counter()
-        proved, _, _ = prove_groups([samples] if samples else [], records)
-        counts["proof_s"] += time.perf_counter() - start
+        proved, _, _ = prove([samples] if samples else [], records)
         counts["samples"] += len(samples)
         counts["proved"] += sum(len(p) for p in proved)
 
     await asyncio.gather(*(group(g) for g in range(args.episodes // args.group)))
+    counts["component_s"] = clock.seconds
     return counts
 
 
@@ -99,6 +156,9 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
 
     async with RolloutClient(url) as client:
         await play(argparse.Namespace(**{**vars(args), "episodes": args.group * 2}), renderer, client, tasks)  # warm
+        if args.gc_freeze:  # what a long-lived rollout worker can do once warm: the heap of torch,
+            gc.collect()     # transformers and the tokenizer is never garbage, yet every full collection walks it
+            gc.freeze()
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         start = time.perf_counter()
         if args.profile:
@@ -113,21 +173,32 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
         if args.profile:
             profiler.disable()
             stats = pstats.Stats(profiler)
-            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats(args.profile_sort).print_stats(args.profile_lines)
     counts["wall_s"] = wall
     counts["cpu_s"] = {name: after[name] - before[name] for name in pids}
     return counts
 
 
-def report(args, counts: dict, load: tuple) -> dict:
+def split(counts: dict) -> dict[str, float]:
+    """CPU ms per turn of each process, the client's broken down into its timed components."""
     turns = max(counts["turns"], 1)
-    per_turn = {name: round(1000 * s / turns, 3) for name, s in counts["cpu_s"].items()}
+    per_turn = {name: 1000 * sec / turns for name, sec in counts["cpu_s"].items()}
+    parts = {name: 1000 * sec / turns for name, sec in counts["component_s"].items()}
+    out = {CLIENT: per_turn.pop(CLIENT)}
+    out |= parts
+    out["  client: RolloutClient, aiohttp, event loop, agent loop"] = out[CLIENT] - sum(parts.values())
+    out |= per_turn
+    return {name: round(ms, 3) for name, ms in out.items()}
+
+
+def report(args, counts: dict, load: tuple) -> dict:
+    per_turn = split(counts)
+    total = sum(ms for name, ms in per_turn.items() if not name.startswith(" "))
     out = {
         "benchmark": "rollout_host_bench",
         "turns_per_s": round(counts["turns"] / counts["wall_s"], 1),
-        "host_cpu_ms_per_turn": round(sum(per_turn.values()), 3),
-        "cpu_ms_per_turn": per_turn,
-        "proof_ms_per_turn": round(1000 * counts["proof_s"] / turns, 3),
+        "host_cpu_ms_per_turn": round(total, 3),
+        "cpu_ms_per_turn": {name.strip(): ms for name, ms in per_turn.items()},
         "goals": {"turns_per_s": 1000, "host_cpu_ms_per_turn": 2.0},
         "turns": counts["turns"], "tool_calls": counts["tool_calls"], "episodes": counts["episodes"], "errors": counts["errors"],
         "samples": counts["samples"], "proved": counts["proved"], "wall_s": round(counts["wall_s"], 3),
@@ -136,11 +207,10 @@ def report(args, counts: dict, load: tuple) -> dict:
                     "load_avg_after": os.getloadavg()},
         "command": "python " + " ".join(sys.argv),
     }
-    print(f"{'component':<22}{'CPU ms / turn':>14}")
+    print(f"{'component':<56}{'CPU ms / turn':>14}")
     for name, ms in per_turn.items():
-        print(f"{name:<22}{ms:>14.3f}")
-    print(f"{'  (proof, in client)':<22}{out['proof_ms_per_turn']:>14.3f}")
-    print(f"{'total':<22}{out['host_cpu_ms_per_turn']:>14.3f}")
+        print(f"{name:<56}{ms:>14.3f}")
+    print(f"{'total':<56}{out['host_cpu_ms_per_turn']:>14.3f}")
     print(f"turns/s {out['turns_per_s']}  ({counts['turns']} turns, {counts['episodes']} episodes, "
           f"{counts['errors']} errors, {counts['proved']}/{counts['samples']} samples proved, load {load})")
     return out
@@ -153,9 +223,13 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="episodes per proved group (samples_per_prompt)")
     p.add_argument("--engines", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="cProfile this process (the client side) meanwhile")
+    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() this process after the warm-up")
+    p.add_argument("--profile-sort", default="tottime", help="pstats sort key (tottime, cumulative, ...)")
+    p.add_argument("--profile-lines", type=int, default=25)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     args.episodes -= args.episodes % args.group
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in a run's rollout workers (run/session.py)
     from transformers import AutoTokenizer
 
     from agentrl.engine.launch import EngineProcess
@@ -178,7 +252,7 @@ def main() -> None:
         e.__enter__()
     try:
         with SmgRouter([e.url for e in engines]) as router:
-            pids = {"client (this process)": os.getpid(), "smg router": router.pid}
+            pids = {CLIENT: os.getpid(), "smg router": router.pid}
             pids |= {f"engine server {i}": e.pid for i, e in enumerate(engines)}
             counts = asyncio.run(run_timed(args, renderer, router.url, tasks, pids))
     finally:
