@@ -2,7 +2,8 @@
 
 Starts an embedded engine on the model, samples N multi-turn conversations through its native
 ``/generate`` (``return_logprob: true``), recomputes the log-probs of every sampled token with Megatron
-and prints one JSON line: ``max_abs_diff``, ``mean_abs_diff``, ``n_tokens`` (plus ``n_samples``). Run it
+and prints one JSON line: ``max_abs_diff``, ``mean_abs_diff``, ``n_tokens`` (plus ``n_samples``; for a
+mixture-of-experts model also ``replay``: the same with the engine's experts replayed in the trainer). Run it
 before a long job (slime's ``--ci-test`` idea): a large gap means the sampler and trainer disagree
 (precision, kernels, chat template), and importance ratios will be off from step 0.
 """
@@ -26,21 +27,25 @@ def _post(url: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any
         return json.loads(resp.read())
 
 
-def _generate(url: str, input_ids: list[int], max_new_tokens: int, temperature: float) -> tuple[list[int], list[float]]:
+def _generate(url: str, input_ids: list[int], max_new_tokens: int, temperature: float,
+              routing: bool = False) -> tuple[list[int], list[float], list[Any] | None]:
     out = _post(url + "/generate", {
         "input_ids": input_ids,
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature},
         "return_logprob": True,
+        **({"return_routed_experts": True} if routing else {}),
     })
     from agentrl.trajectory import TurnRecord
 
     turn = TurnRecord.from_generate_response(input_ids, out)
-    return list(turn.output_ids), list(turn.output_logprobs)
+    routed = None if turn.routed_experts is None else [list(r) for r in turn.routed_experts]
+    return list(turn.output_ids), list(turn.output_logprobs), routed
 
 
 def sample_conversations(url: str, tokenizer: Any, n: int, *, turns: int = 2, max_new_tokens: int = 24,
-                         temperature: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` multi-turn Samples (plain dicts): model turns trained, user turns masked."""
+                         temperature: float = 1.0, seed: int = 0, routing: bool = False) -> list[dict[str, Any]]:
+    """``n`` multi-turn Samples (plain dicts): model turns trained, user turns masked (``routing``: with the
+    engine's routed experts for the model turns' tokens)."""
     rng = random.Random(seed)
     samples = []
     for _ in range(n):
@@ -50,11 +55,13 @@ def sample_conversations(url: str, tokenizer: Any, n: int, *, turns: int = 2, ma
         start = len(tokens)
         mask: list[int] = []
         logprobs: list[float] = []
+        routed: list[Any] = []
         for turn in range(turns):
-            out, lps = _generate(url, tokens, max_new_tokens, temperature)
+            out, lps, experts = _generate(url, tokens, max_new_tokens, temperature, routing)
             tokens += out
             mask += [1] * len(out)
             logprobs += lps
+            routed += experts or [None] * len(out)
             if turn + 1 < turns:
                 # The next user turn as the chat template renders it (never trained).
                 follow = tokenizer.encode(
@@ -64,8 +71,10 @@ def sample_conversations(url: str, tokenizer: Any, n: int, *, turns: int = 2, ma
                 tokens += follow
                 mask += [0] * len(follow)
                 logprobs += [0.0] * len(follow)
+                routed += [None] * len(follow)
         samples.append({"tokens": tokens, "response_start": start, "loss_mask": mask,
-                        "rollout_logprobs": logprobs, "reward": 0.0, "group_id": len(samples)})
+                        "rollout_logprobs": logprobs, "reward": 0.0, "group_id": len(samples),
+                        **({"routed_experts": routed} if routing else {})})
     return samples
 
 
@@ -111,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from agentrl.engine.launch import EngineProcess
+    from agentrl.engine.protocol import routes_experts
 
+    routing = routes_experts(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = EngineProcess(args.model, port=None, dtype=args.dtype)
     try:
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.wait_healthy(timeout=180)
         samples = sample_conversations(engine.url, tokenizer, args.samples, turns=args.turns,
                                        max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                       seed=args.seed)
+                                       seed=args.seed, routing=routing)
     finally:
         engine.stop()
 
@@ -127,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.trainer.trainer_config import TrainerConfig
 
     trainer = MegatronTrainer(args.model, TrainerConfig(dtype=args.dtype), temperature=args.temperature)
+    trainer.moe.replay = False  # the headline number: the trainer routing on its own
     result = compare(samples, trainer.compute_logprobs(samples))
+    if routing:
+        trainer.moe.replay = True
+        replayed = compare(samples, trainer.compute_logprobs(samples))
+        result["replay"] = {k: replayed[k] for k in ("max_abs_diff", "mean_abs_diff")}
     print(json.dumps(result), flush=True)
     if args.fail_above is not None and result["max_abs_diff"] > args.fail_above:
         return 1
