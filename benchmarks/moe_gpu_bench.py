@@ -222,6 +222,7 @@ def part_gap(args, model_dir: Path, sync) -> dict:
     step = trainer.train_step([{**s, "reward": float(i % 2), "group_id": i // 2} for i, s in enumerate(samples)])
     row["routing_mismatch_free"] = step.get("moe/routing_mismatch")
     print(json.dumps(row), flush=True)
+    del trainer
     return row
 
 
