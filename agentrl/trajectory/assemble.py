@@ -76,6 +76,29 @@ class Chain:
         self.last = record
 
 
+class _Columns:
+    """The per-response-token columns of a sample being built: loss mask, rollout log-probs and, when some
+    record has them, the experts the engine routed each trained token to (``None`` on untrained ones)."""
+
+    def __init__(self, with_experts: bool) -> None:
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.routed: list[list[int] | None] | None = [] if with_experts else None
+
+    def untrained(self, width: int) -> None:
+        self.loss_mask += [0] * width
+        self.logprobs += [0.0] * width
+        if self.routed is not None:
+            self.routed += [None] * width
+
+    def trained(self, rec: TurnRecord, width: int) -> None:
+        self.loss_mask += [1] * width
+        self.logprobs += rec.output_logprobs[:width] if rec.output_logprobs else [0.0] * width
+        if self.routed is not None:
+            self.routed += (list(map(list, rec.routed_experts[:width])) if rec.routed_experts is not None
+                            else [None] * width)
+
+
 def assemble_sample(
     chain: Chain,
     records: list[TurnRecord],
@@ -97,12 +120,9 @@ def assemble_sample(
         ends[k] = later if later < ends[k + 1] else ends[k + 1]
 
     runs: list[ProvenanceRun] = []
-    loss_mask: list[int] = []
-    logprobs: list[float] = []
+    columns = _Columns(with_experts=any(rec.routed_experts is not None for rec in recs))
     trained_turns: list[int] = []
     trained_tokens = 0
-    # per response token, beside logprobs: the record's experts where trained (only when some record has them)
-    routed: list[list[int] | None] | None = [] if any(rec.routed_experts is not None for rec in recs) else None
     held_before = 0  # len(prompt + output) of the previous turn: what the sample held when turn k came
     for k, rec in enumerate(recs):
         turn, d, end = turns[k], divergences[k], ends[k]
@@ -120,32 +140,19 @@ def assemble_sample(
             stop = min(previous_held, prompt_len, cap)
             if stop > d:
                 runs.append(ProvenanceRun(d, stop, REALIGNED_PROMPT, turn, None))
-                loss_mask += [0] * (stop - d)
-                logprobs += [0.0] * (stop - d)
-                if routed is not None:
-                    routed += [None] * (stop - d)
+                columns.untrained(stop - d)
             start, stop = max(d, previous_held), min(prompt_len, cap)
             if stop > start:
                 runs.append(ProvenanceRun(start, stop, CONTEXT, turn, None))
-                loss_mask += [0] * (stop - start)
-                logprobs += [0.0] * (stop - start)
-                if routed is not None:
-                    routed += [None] * (stop - start)
+                columns.untrained(stop - start)
         stop = min(output_end, cap)
         if stop > prompt_len:
             width = stop - prompt_len
             runs.append(ProvenanceRun(prompt_len, stop, MODEL, turn, rec.weight_version))
             if prompt_len < end < output_end:  # a later drift cut inside this output: not trained
-                loss_mask += [0] * width
-                logprobs += [0.0] * width
-                if routed is not None:
-                    routed += [None] * width
+                columns.untrained(width)
             else:
-                loss_mask += [1] * width
-                logprobs += rec.output_logprobs[:width] if rec.output_logprobs else [0.0] * width
-                if routed is not None:
-                    routed += (list(map(list, rec.routed_experts[:width])) if rec.routed_experts is not None
-                               else [None] * width)
+                columns.trained(rec, width)
                 trained_turns.append(turn)
                 trained_tokens += width
 
@@ -154,11 +161,11 @@ def assemble_sample(
     sample = Sample(
         tokens=list(chain.held()[:n]) if budget_cut else [*last.prompt_ids, *last.output_ids],
         response_start=min(chain.response_start, n),
-        loss_mask=loss_mask,
-        rollout_logprobs=logprobs,
+        loss_mask=columns.loss_mask,
+        rollout_logprobs=columns.logprobs,
         provenance=Provenance._trusted(runs),  # contiguous by construction; verify() re-checks
         status=sample_status(last.finish_reason, budget_cut=budget_cut, stop_reason=stop_reason),
-        routed_experts=routed,
+        routed_experts=columns.routed,
     )
     return sample, {
         "trained_turns": trained_turns,
