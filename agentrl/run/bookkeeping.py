@@ -110,6 +110,12 @@ class CheckpointDir:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def train_row(trained: dict[str, Any]) -> dict[str, Any]:
+    """A trainer's metrics as step-row keys: under ``train/``, except the MoE router's ``moe/*``, which keep
+    their own namespace beside ``rollout/`` and ``sync/`` (what a reader of MoE health looks for)."""
+    return {(k if k.startswith("moe/") else f"train/{k}"): v for k, v in trained.items()}
+
+
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
     """Two panels from the metrics JSONL: reward and held-out accuracy per step, with the warm-up's real
     evaluations left of the warm-up/GRPO boundary; and the wall time of each step, split by phase."""

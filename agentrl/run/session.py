@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.run import stopping
-from agentrl.run.bookkeeping import CheckpointDir, MetricsLog, SampleLog, claim_output_dir, plot_curves
+from agentrl.run.bookkeeping import (
+    CheckpointDir,
+    MetricsLog,
+    SampleLog,
+    claim_output_dir,
+    plot_curves,
+    train_row,
+)
 from agentrl.run.config import RunConfig
 from agentrl.run.failure_watch import FailureWatch
 from agentrl.run.tracking import make_trackers
@@ -250,7 +257,7 @@ class Run:
             ray.get(self.rollout.release_memory.remote())
         started = time.perf_counter()
         trained = ray.get([t.train.remote(batch.samples) for t in self.trainers])[0]
-        metrics.update({f"train/{k}": v for k, v in trained.items()})
+        metrics.update(train_row(trained))
         metrics["train/seconds"] = time.perf_counter() - started
         if self.cfg.colocate:
             ray.get(self.rollout.resume_memory.remote())

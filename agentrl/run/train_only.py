@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agentrl.plugins import load_function
 from agentrl.rollout.buffer import DataBuffer, load_samples_jsonl
-from agentrl.run.bookkeeping import MetricsLog
+from agentrl.run.bookkeeping import MetricsLog, train_row
 from agentrl.run.config import RunConfig
 
 
@@ -36,7 +36,7 @@ def train_from_samples(cfg: RunConfig, samples_path: str | Path) -> Path:
             batch = ray.put([s for group in kept[start:start + n] for s in group])
             metrics = ray.get([t.train.remote(batch) for t in trainers])[0]
             log.write({"step": step, "train/groups_dropped": buffer.groups_dropped,
-                       **{f"train/{k}": v for k, v in metrics.items()}})
+                       **train_row(metrics)})
     finally:
         ray.shutdown()
     return out
