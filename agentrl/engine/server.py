@@ -5,8 +5,8 @@ Errors are ``{"error": {"message": ...}}`` with a 4xx status (400 bad input, 401
 
 Weight-update and control routes (everything that changes weights, memory, pausing, the cache or other
 clients' requests) require ``Authorization: Bearer <secret>`` (:mod:`agentrl.engine.auth`); without a
-configured secret they refuse every call. Generation, health and information routes stay open: the
-router and rollout clients use them.
+configured secret they refuse every call. Generation, scoring (``/token_logprobs``), health and information
+routes stay open (none changes the engine): the router, rollout clients and a distillation teacher use them.
 
 Streaming (``"stream": true``): Server-Sent Events ``data: {...}\\n\\n`` per generated token, each chunk
 cumulative (full text, output_ids and log-probs so far, as SGLang without incremental streaming), then

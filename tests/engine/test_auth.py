@@ -16,8 +16,9 @@ import pytest
 
 from agentrl.engine.auth import SECRET_ENV, auth_headers
 
-# Routes a client may call without the secret; every other route must refuse it.
-OPEN = {"/generate", "/health", "/health_generate", "/model_info", "/get_model_info", "/server_info",
+# Routes a client may call without the secret; every other route must refuse it. /token_logprobs scores
+# given ids with the weights being served: a read-only forward like /generate, so it is open as /generate is.
+OPEN = {"/generate", "/token_logprobs", "/health", "/health_generate", "/model_info", "/get_model_info", "/server_info",
         "/get_server_info", "/get_load", "/metrics", "/get_weight_version", "/weights_checksum"}
 
 
