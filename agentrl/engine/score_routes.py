@@ -1,7 +1,7 @@
 """``POST /token_logprobs``: the model's log-probs of given tokens of given sequences (scoring, no generation).
 
 Body ``{"input_ids": [[id, ...], ...], "positions": [[p, ...], ...], "temperature": 1.0}``: for each sequence,
-the log-prob of ``input_ids[p]`` given ``input_ids[:p]`` at each listed ``p`` (``1 <= p < len``), the logits
+the log-prob of ``input_ids[p]`` given ``input_ids[:p]`` at each listed ``p`` (``1 <= p < len``, strictly increasing), the logits
 divided by ``temperature`` as when sampling. Answer ``{"logprobs": [[lp, ...], ...], "weight_version": v}``.
 A distillation teacher scores exactly the tokens a student sampled through it. The forward passes run in the
 engine's worker thread between two generation steps, so they never see weights change halfway.
@@ -54,6 +54,8 @@ def checked(body: dict[str, Any], vocab_size: int, context_length: int) -> Token
         outside = [p for p in positions if not 1 <= p < len(ids)]
         if outside:
             raise BadRequest(f"/token_logprobs: sequence {i}: positions {outside[:8]} outside [1, {len(ids)})")
+        if any(a >= b for a, b in zip(positions, positions[1:])):  # so a list is never longer than its sequence
+            raise BadRequest(f"/token_logprobs: sequence {i}: positions must be strictly increasing")
     return req
 
 

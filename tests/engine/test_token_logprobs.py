@@ -43,6 +43,8 @@ def test_scores_equal_the_hf_model_and_the_sampled_logprobs(client, tiny_model) 
     ({"input_ids": [[1]], "positions": [[]]}, "has 1 tokens"),
     ({"input_ids": [[1, 2, 3]], "positions": [[0]]}, "outside [1, 3)"),
     ({"input_ids": [[1, 2, 3]], "positions": [[3]]}, "outside [1, 3)"),
+    ({"input_ids": [[1, 2, 3]], "positions": [[1] * 100_000]}, "strictly increasing"),
+    ({"input_ids": [[1, 2, 3]], "positions": [[2, 1]]}, "strictly increasing"),
     ({"input_ids": [[1, 99999]], "positions": [[1]]}, "out of vocabulary"),
     ({"input_ids": [[1, -1]], "positions": [[1]]}, "out of vocabulary"),
     ({"input_ids": [[1, "2"]], "positions": [[1]]}, "input_ids"),
