@@ -54,7 +54,8 @@ def checked(body: dict[str, Any], vocab_size: int, context_length: int) -> Token
         outside = [p for p in positions if not 1 <= p < len(ids)]
         if outside:
             raise BadRequest(f"/token_logprobs: sequence {i}: positions {outside[:8]} outside [1, {len(ids)})")
-        if any(a >= b for a, b in zip(positions, positions[1:])):  # so a list is never longer than its sequence
+        # increasing, so a list is never longer than its sequence
+        if any(a >= b for a, b in zip(positions, positions[1:], strict=False)):
             raise BadRequest(f"/token_logprobs: sequence {i}: positions must be strictly increasing")
     return req
 
