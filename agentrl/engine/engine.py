@@ -68,6 +68,7 @@ class Engine:
             if self.decoder is None and config.lean_decode:
                 raise ValueError(f"lean_decode: {config.model_path} is not a model cpu_decode.py decodes")
         self.weight_version = config.weight_version
+        self.weight_writes = 0  # copies and deltas into the model so far (a merged LoRA base is valid for one)
         self.metrics = EngineMetrics()
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self.scheduler = Scheduler(
@@ -162,6 +163,7 @@ class Engine:
             if self.memory_released & {"weights", "all"}:
                 raise WeightUpdateError("weights are released (release_memory_occupation); resume them first")
             copy()
+            self.weight_writes += 1
             copied = time.perf_counter()
             timings["copy_s"] = copied - began
             if weight_version is not None:
@@ -199,6 +201,7 @@ class Engine:
 
         def op() -> str:
             header = delta.apply_delta(self.runner.named_tensors(), payload, base_version=self.weight_version)
+            self.weight_writes += 1
             self.weight_version = str(weight_version if weight_version is not None else header.new_version)
             self.prefix_cache.clear()
             self.metrics.weight_updates.labels(method="delta").inc()

@@ -48,19 +48,20 @@ def _pairs(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor,
 
 
 class AdapterMerger:
-    """One engine's adapter state: the base copy of every adapted weight and the version it last merged."""
+    """One engine's adapter state: the base copy of every adapted weight, and the engine's count of weight
+    writes (``Engine.weight_writes``) right after its last merge landed."""
 
     def __init__(self) -> None:
         self.base: dict[str, torch.Tensor] = {}
-        self.merged_version: str | None = None
+        self.merged_at: int | None = None
 
     def merge(self, weights: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
-              version: str | None) -> dict[str, torch.Tensor]:
-        """The dense weights for adapter ``tensors`` on the model ``weights`` (HF name -> tensor) now at
-        ``version``; checked (names, shapes, finite) before anything is copied."""
+              weight_writes: int) -> dict[str, torch.Tensor]:
+        """The dense weights for adapter ``tensors`` on the model ``weights`` (HF name -> tensor), which have
+        seen ``weight_writes`` writes; checked (names, shapes, finite) before anything is copied."""
         import torch
 
-        if version != self.merged_version:  # the weights changed by another route since our last merge
+        if weight_writes != self.merged_at:  # some other write (full, flat, delta) since our merge: a new base
             self.base.clear()
         merged: dict[str, torch.Tensor] = {}
         for module, (a, b) in _pairs(tensors).items():
@@ -86,4 +87,4 @@ class AdapterMerger:
     def forget(self) -> None:
         """A non-adapter update replaced the weights: they are the next base."""
         self.base.clear()
-        self.merged_version = None
+        self.merged_at = None

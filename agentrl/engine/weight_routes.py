@@ -63,12 +63,12 @@ class WeightRoutes:
         adapters = is_adapter_update(tensors)
         if adapters:
             tensors = await asyncio.to_thread(self.adapters.merge, self.engine.runner.named_tensors(), tensors,
-                                              self.engine.weight_version)
+                                              self.engine.weight_writes)
             kwargs["require_all"] = False
         timings = await asyncio.to_thread(self.engine.apply_weights, tensors, weight_version=body.get("weight_version"),
                                           flush_cache=body.get("flush_cache", True), method=method, **kwargs)
         if adapters:
-            self.adapters.merged_version = self.engine.weight_version
+            self.adapters.merged_at = self.engine.weight_writes
         else:
             self.adapters.forget()
         return timings

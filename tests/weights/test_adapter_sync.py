@@ -75,7 +75,8 @@ def _base_weights(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
 
 
 def test_lora_off_equals_base_and_merge_is_from_the_base(engine_urls, tiny_model_dir):
-    """Zero adapters give back the base bits exactly, whatever was merged before."""
+    """Zero adapters give back the base bits exactly, whatever was merged before, and a version change
+    alone (``/update_weight_version``) does not make the merged weights the next base."""
     url = engine_urls[0]
     with make_sync("full", engine_urls[:1]) as full:
         full.sync(_base_weights(tiny_model_dir), "base")
@@ -86,6 +87,7 @@ def test_lora_off_equals_base_and_merge_is_from_the_base(engine_urls, tiny_model
         body = update_weights_from_tensor_body(
             [(f"{module}.lora_A.weight", a), (f"{module}.lora_B.weight", b * scale)], weight_version=version)
         assert control_post(url + "/update_weights_from_tensor", body).status_code == 200
+        assert control_post(url + "/update_weight_version", {"new_version": f"{version}-relabelled"}).status_code == 200
     assert engine_checksum(url)["total"] == before
 
 
