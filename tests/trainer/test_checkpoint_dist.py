@@ -7,13 +7,14 @@ to ``ROOT/results.pt``, and the tests compare it here (the DP=1 resume runs in t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+
+from agentrl.engine.launch import free_port
 
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).parent
@@ -74,12 +75,6 @@ def _run_worker(root: Path, tiny: Path) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dp2_run(tmp_path_factory):
     import torch
@@ -91,7 +86,7 @@ def dp2_run(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), __file__, str(root), str(tiny)]
+           "--master_port", str(free_port()), __file__, str(root), str(tiny)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return root, tiny, torch.load(root / "results.pt", weights_only=False)

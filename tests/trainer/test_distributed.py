@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -13,15 +12,11 @@ import pytest
 import torch
 from trainer_samples import synthetic_samples
 
+from agentrl.engine.launch import free_port
+
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _qwen3_untied(path: Path) -> Path:
@@ -51,7 +46,7 @@ def dist_results(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(HERE / "dist_worker.py"), str(root), str(tiny), str(qwen3)]
+           "--master_port", str(free_port()), str(HERE / "dist_worker.py"), str(root), str(tiny), str(qwen3)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return tiny, qwen3, torch.load(root / "results.pt", weights_only=False)

@@ -5,7 +5,6 @@ their checkpoint reloads every rank's slice."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -14,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from trainer_samples import synthetic_samples
+
+from agentrl.engine.launch import free_port
 
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).parent
@@ -28,12 +29,6 @@ def BATCHES() -> list[list[dict]]:  # noqa: N802 (a constant the worker imports;
     return [synthetic_samples(n_groups=2, per_group=4, seed=s) for s in (3, 4)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     from agentrl.models.tiny import make_tiny_model
@@ -43,7 +38,7 @@ def tp2(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(HERE / "lora_tp_worker.py"), str(root), str(tiny)]
+           "--master_port", str(free_port()), str(HERE / "lora_tp_worker.py"), str(root), str(tiny)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return tiny, torch.load(root / "results.pt", weights_only=False)

@@ -4,7 +4,6 @@ experts, and log-probs, the step and the exported weights equal one process hold
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -13,15 +12,11 @@ from pathlib import Path
 import torch
 from trainer_samples import synthetic_samples
 
+from agentrl.engine.launch import free_port
+
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ep2_matches_one_process(tmp_path):
@@ -33,7 +28,7 @@ def test_ep2_matches_one_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(HERE / "moe_ep_worker.py"), str(model), str(tmp_path / "ep2.pt")]
+           "--master_port", str(free_port()), str(HERE / "moe_ep_worker.py"), str(model), str(tmp_path / "ep2.pt")]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     ep2 = torch.load(tmp_path / "ep2.pt", weights_only=False)
