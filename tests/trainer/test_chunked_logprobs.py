@@ -101,7 +101,8 @@ def _vocab_parallel_worker(rank: int, store_path: str, queue) -> None:
     weight = torch.cat([weight.detach(), torch.full((1, weight.shape[1]), -1e3, dtype=weight.dtype)])
     local = weight[rank * 51:(rank + 1) * 51].clone().requires_grad_()
     lp, entropy, gh, gw = _grads_of_both(hidden, local, targets, 0.7, chunk_tokens=8, tp_group=dist.group.WORLD)
-    queue.put((rank, lp.detach(), entropy.detach(), gh, gw))
+    # numpy pickles by value; a torch tensor would travel as a shared-memory fd that vanishes when this process exits
+    queue.put((rank, *(t.detach().numpy() for t in (lp, entropy, gh, gw))))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -122,7 +123,7 @@ def test_vocab_parallel_over_two_ranks_equals_one_rank(tmp_path):
     for rank, (r_lp, r_entropy, r_gh, r_gw) in results.items():
         # every rank ends with the whole of lp, entropy and d/d hidden; d/d weight for its rows
         for a, b in ((r_lp, lp), (r_entropy, entropy), (r_gh, gh), (r_gw, gw[rank * 51:(rank + 1) * 51])):
-            torch.testing.assert_close(a.double(), b.detach().double(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(a).double(), b.detach().double(), rtol=1e-5, atol=1e-5)
 
 
 def test_shifted_values_start_at_zero_and_follow_the_next_token():
