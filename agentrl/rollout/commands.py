@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs import load_function
+from agentrl.envs.task_files import read_jsonl
 from agentrl.rollout.buffer import save_samples_jsonl
 from agentrl.rollout.manager import RolloutManager, RolloutSettings
 from agentrl.rollout.model_path import local_model_dir
@@ -75,23 +76,11 @@ def rollout_main(argv: list[str] | None = None) -> int:
 
 
 def read_jsonl_tasks(path: str) -> list[dict[str, Any]]:
-    """The task objects of a JSONL file, one per non-blank line; a line that is not a JSON object is a
-    ``SystemExit`` naming the file and line (before any engine starts)."""
+    """The tasks of a JSONL file; a bad or empty file is a ``SystemExit`` naming it (before any engine starts)."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise SystemExit(f"--tasks {path}: {err.strerror or err}") from None
-    tasks = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SystemExit(f"--tasks {path}, line {number}: not JSON ({err.msg})") from None
-        if not isinstance(task, dict):
-            raise SystemExit(f"--tasks {path}, line {number}: a task is a JSON object, got {type(task).__name__}")
-        tasks.append(task)
+        tasks = read_jsonl(path)
+    except ValueError as err:
+        raise SystemExit(f"--tasks {err}") from None
     if not tasks:
         raise SystemExit(f"--tasks {path}: no tasks in the file")
     return tasks

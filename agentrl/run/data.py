@@ -9,7 +9,6 @@ ahead included) and ``--resume`` read every row of an epoch exactly once, in one
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
+from agentrl.envs.task_files import read_jsonl
 from agentrl.settings import Settings
 
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -152,17 +152,10 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
     if path.suffix not in DATA_SUFFIXES:
         raise DataError(f"{path}: not a data file (expected one of {', '.join(DATA_SUFFIXES)})")
     if path.suffix in (".jsonl", ".json"):  # read here, so a bad line is named by its number
-        rows = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path} row {number}: not JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path} row {number}: a row must be a JSON object, got {type(row).__name__}")
-                rows.append(row)
-        return rows
+        try:
+            return read_jsonl(path)
+        except ValueError as err:
+            raise DataError(str(err)) from None
     try:
         data = datasets.load_dataset(DATA_SUFFIXES[path.suffix], data_files=str(path), split="train")
     except Exception as err:  # the reader's own words, with the file named

@@ -35,7 +35,7 @@ def test_eval_writes_pass_at_k_per_family(tiny_model_dir, tmp_path, capsys) -> N
         assert row["pass@1_ci_low"] <= row["pass@1"] <= row["pass@1_ci_high"]
 
 
-@pytest.mark.parametrize("rows, fragment", [(["{not json"], "line 1: not JSON"), (["[1, 2]"], "a task is a JSON object"),
+@pytest.mark.parametrize("rows, fragment", [(["{not json"], "line 1: not JSON"), (["[1, 2]"], "line 1: a task must be a JSON object"),
                                             ([" "], "no tasks in the file")])
 def test_a_bad_task_file_is_refused_before_engines(tmp_path, rows, fragment) -> None:
     model = tmp_path / "model"

@@ -83,8 +83,8 @@ class Sum(BaseModel):
 
 @pytest.mark.parametrize(("content", "data", "fragment"), [
     ('{"x": 1, "y": 2}\n{"x": 3}\n', {"fields": {"a": "x", "b": "y"}}, "t.jsonl row 2: missing field 'y'"),
-    ('{"x": 1, "y": 2}\n{"x": 3, "y": \n', {}, "t.jsonl row 2: not JSON"),
-    ('{"x": 1, "y": 2}\n[1, 2]\n', {}, "t.jsonl row 2: a row must be a JSON object"),
+    ('{"x": 1, "y": 2}\n{"x": 3, "y": \n', {}, "t.jsonl line 2: not JSON"),
+    ('{"x": 1, "y": 2}\n[1, 2]\n', {}, "t.jsonl line 2: a task must be a JSON object"),
     ('{"x": 1, "y": 2}\n{"x": "three", "y": 4}\n', {"fields": {"a": "x", "b": "y"}}, "t.jsonl row 2: field 'a'"),
 ])
 def test_bad_data_names_the_file_and_row(tmp_path, content, data, fragment) -> None:
