@@ -43,8 +43,8 @@ from agentrl.envs.formats import (
     get_tool_call_format,
     register_tool_call_format,
 )
-from agentrl.envs.plugins import load_function
 from agentrl.envs.tools import ToolArgumentError, ToolSpec, tool
+from agentrl.plugins import load_function
 
 # The loop imports the trajectory package; loaded on first use so ``import agentrl.envs`` stays minimal.
 _LOOP_NAMES = {"run_episode", "generate_rollout", "EpisodeResult", "EpisodeMetrics", "RolloutResult", "Generate",

@@ -7,7 +7,7 @@ the :class:`~agentrl.trajectory.TrajectoryManager`, decode and parse the reply, 
 append their results; until ``env.done`` or a limit. Then ``get_trajectory(reward=env.reward())``.
 
 The loop never imports the rollout client: ``generate`` is any async callable with that signature, which
-is also how users swap in their own sampling (see :mod:`agentrl.envs.plugins`).
+is also how users swap in their own sampling; ``rollout.episode_function`` replaces :func:`run_episode`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from agentrl.envs.environment import (
 from agentrl.envs.formats import ParsedResponse, ToolCall, ToolCallFormat, detect_foreign_calls
 from agentrl.envs.render import ChatRenderer
 from agentrl.envs.rewards import combine_reward
+from agentrl.plugins import load_function
 from agentrl.trajectory import Sample, StopReason, TrajectoryManager, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -401,8 +402,6 @@ async def generate_rollout(
     same signature — the per-sample generate plug-in. ``tool_format`` and ``prompt_mode`` override each
     environment's (see :func:`run_episode`).
     """
-    from agentrl.envs.plugins import load_function
-
     if n_samples_per_task < 1 or concurrency < 1:
         raise ValueError("n_samples_per_task and concurrency must be >= 1")
     play = load_function(episode_fn) if isinstance(episode_fn, str) else (episode_fn or run_episode)

@@ -10,7 +10,6 @@ import pytest
 from agentrl.envs import load_function
 from agentrl.envs.arithmetic import ArithmeticEnv, make_tasks
 from agentrl.envs.loop import generate_rollout, run_episode
-from agentrl.envs.plugins import DEFAULT_EPISODE_FUNCTION, DEFAULT_ROLLOUT_FUNCTION
 from agentrl.envs.scripted import ScriptedPolicy
 
 PLUGIN = textwrap.dedent('''
@@ -42,8 +41,8 @@ def plugin_module(tmp_path, monkeypatch):
 
 
 def test_defaults_resolve_to_the_library_functions():
-    assert load_function(DEFAULT_EPISODE_FUNCTION) is run_episode
-    assert load_function(DEFAULT_ROLLOUT_FUNCTION) is generate_rollout
+    assert load_function("agentrl.envs.loop:run_episode") is run_episode
+    assert load_function("agentrl.envs.loop:generate_rollout") is generate_rollout
     assert load_function("agentrl.envs.loop.run_episode") is run_episode  # dotted form
     assert load_function("agentrl.envs.arithmetic:ArithmeticEnv.reward") is ArithmeticEnv.reward
 
