@@ -11,7 +11,8 @@ only a matter of *admission*:
 * ``fully_async``: the pool admits on its own, batch after batch, at most one batch ahead of the trainer;
   :meth:`take` ``(version)`` hands out the next ready groups while the others keep running. Weights then
   change *between turns* of episodes in flight, so one sample may hold turns of several weight versions
-  (each turn's version is the engine's report, :func:`agentrl.rollout.buffer.trained_token_versions`); a
+  (each token's version is the engine's report, per token for a turn continued across an update,
+  :func:`agentrl.rollout.buffer.trained_token_versions`); a
   group with a trained token more than ``max_staleness`` versions behind is dropped or generated again
   (``stale_groups``); with ``dynamic_sampling`` takes go on until ``prompts_per_step`` groups pass the
   group filter, looking at most at ``max_oversample`` x that many.
@@ -22,8 +23,10 @@ turns from starting, then either waits for the turns being generated to finish o
 again, once the gate reopens, on the new weights, its episode keeps its finished turns and is never lost;
 or (``"resume"``) has the engines retract them, which keeps every token drawn so far: after the update each
 such turn is prefilled again on the new weights and goes on from its last sampled token, and the engine
-reports which tokens each version drew (``meta_info.weight_version_spans``); the trainer's per-token
-importance weights (``importance_weights: tis``) correct each token by its own sampler's log-prob.
+reports which tokens each version drew (``meta_info.weight_version_spans``, kept as the turn's
+``TurnRecord.weight_version_spans`` and so as each token's provenance version: staleness and
+``max_staleness`` count every token at the version that drew it); the trainer's per-token importance
+weights (``importance_weights: tis``) correct each token by its own sampler's log-prob.
 
 Each batch's metrics (one builder, :meth:`EpisodePool._metrics`) carry, as ``env/<name>``, what the
 environment class's ``rollout_metrics()`` hook reports (its own infrastructure since the last call).

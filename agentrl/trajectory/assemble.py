@@ -148,7 +148,11 @@ def assemble_sample(
         stop = min(output_end, cap)
         if stop > prompt_len:
             width = stop - prompt_len
-            runs.append(ProvenanceRun(prompt_len, stop, MODEL, turn, rec.weight_version))
+            if rec.weight_version_spans is None:
+                runs.append(ProvenanceRun(prompt_len, stop, MODEL, turn, rec.weight_version))
+            else:  # a turn continued across a weight update: each token carries the version that drew it
+                runs.extend(ProvenanceRun(prompt_len + lo, prompt_len + min(hi, width), MODEL, turn, version)
+                            for lo, hi, version in rec.version_runs() if lo < width)
             if prompt_len < end < output_end:  # a later drift cut inside this output: not trained
                 columns.untrained(width)
             else:

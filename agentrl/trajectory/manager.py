@@ -291,7 +291,7 @@ class TrajectoryManager:
             "use_tool": any(session.used_tool[t] for t in chain.turns),
             "finish_reasons": [records[t].finish_reason for t in chain.turns],
             "weight_versions": sorted(
-                {records[t].weight_version for t in trained if records[t].weight_version is not None}
+                {v for t in trained for _, _, v in records[t].version_runs() if v is not None}
             ),
         }
         turn_metadata = [session.turn_metadata[t] for t in chain.turns]

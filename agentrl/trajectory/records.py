@@ -71,6 +71,51 @@ def _routed_experts(values: Any, n_output: int) -> tuple[tuple[int, ...], ...]:
     return out
 
 
+def _version_order(version: str) -> int | None:
+    """A version's place in training order when it is a step number (``"3"``, read as
+    :func:`agentrl.rollout.buffer.version_number` reads it); None for a label (``"default"``)."""
+    try:
+        return int(version)
+    except ValueError:
+        return None
+
+
+def _version_spans(values: Any, n_output: int) -> tuple[tuple[int, str], ...]:
+    """Which weight version drew which output tokens: ``[first index, version]`` per run, as the engine's
+    ``meta_info.weight_version_spans`` reports a turn continued across a weight update. Checked: the first
+    run starts at 0, starts strictly increase and lie inside the output (an empty output has the one run
+    ``[0, v]``), versions are strings and step-number versions never go back. Equal neighbours merge."""
+    if not isinstance(values, list | tuple):
+        raise TypeError(f"weight_version_spans must be a list of [start, version] pairs, got {type(values).__name__}")
+    spans: list[tuple[int, str]] = []
+    previous, highest = -1, None  # the last start read; the latest step-number version
+    for i, span in enumerate(values):
+        if not isinstance(span, list | tuple) or len(span) != 2:
+            raise ValueError(f"weight_version_spans[{i}] must be a [start, version] pair, got {span!r}")
+        start, version = span
+        if type(start) is not int:
+            raise TypeError(f"weight_version_spans[{i}] start must be an int, got {type(start).__name__} {start!r}")
+        if not isinstance(version, str):
+            raise TypeError(f"weight_version_spans[{i}] version must be a str, got {type(version).__name__} {version!r}")
+        if i == 0 and start != 0:
+            raise ValueError(f"weight_version_spans must start at token 0, the first starts at {start}")
+        if start <= previous:
+            raise ValueError(f"weight_version_spans starts must strictly increase: {start} after {previous}")
+        if start >= max(n_output, 1):
+            raise ValueError(f"weight_version_spans[{i}] starts at {start}, outside the {n_output} output ids")
+        order = _version_order(version)
+        if order is not None and highest is not None and order < highest[0]:
+            raise ValueError(f"weight_version_spans go back from version {highest[1]!r} to {version!r} at token {start}")
+        if order is not None:
+            highest = (order, version)
+        previous = start
+        if not spans or version != spans[-1][1]:  # equal neighbours: the same weights go on, one run
+            spans.append((start, version))
+    if not spans:
+        raise ValueError("weight_version_spans is empty: a turn was drawn by at least one version")
+    return tuple(spans)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnRecord:
     """One sampled turn: the exact prompt ids sent, the sampled ids and their log-probs.
@@ -79,6 +124,9 @@ class TurnRecord:
     ``finish_reason`` is the engine's reason string: ``"stop"``, ``"length"``, ``"abort"``, ...
     ``routed_experts`` (MoE engines, when asked): per output id, the experts every MoE layer chose at the
     position the id was sampled from, flat ``layers x k``; None when the engine reported none.
+    ``weight_version_spans``: a turn continued across a weight update (``partial_rollout: resume``) was
+    drawn by several versions: ``((first index, version), ...)`` over the output ids, as the engine reports
+    them; None when one version, ``weight_version``, drew every token. :meth:`version_at` reads either.
     """
 
     prompt_ids: tuple[int, ...]
@@ -87,6 +135,7 @@ class TurnRecord:
     finish_reason: str
     weight_version: str | None = None
     routed_experts: tuple[tuple[int, ...], ...] | None = None
+    weight_version_spans: tuple[tuple[int, str], ...] | None = None
     # uint32 bytes of prompt_ids / output_ids, for memcmp-speed prefix checks in the drift guard.
     packed_prompt: bytes = field(init=False, repr=False, compare=False)
     packed_output: bytes = field(init=False, repr=False, compare=False)
@@ -113,8 +162,34 @@ class TurnRecord:
         object.__setattr__(self, "output_logprobs", lps)
         if self.routed_experts is not None:
             object.__setattr__(self, "routed_experts", _routed_experts(self.routed_experts, len(output)))
+        if self.weight_version_spans is not None:
+            spans = _version_spans(self.weight_version_spans, len(output))
+            # one run of the turn's own version says nothing more than weight_version does
+            object.__setattr__(self, "weight_version_spans",
+                               None if len(spans) == 1 and spans[0][1] == self.weight_version else spans)
         object.__setattr__(self, "packed_prompt", packed_prompt)
         object.__setattr__(self, "packed_output", packed_output)
+
+    def version_runs(self) -> tuple[tuple[int, int, str | None], ...]:
+        """``(start, end, version)`` over the output ids: one run, or one per weight version that drew them."""
+        n = len(self.output_ids)
+        spans = self.weight_version_spans
+        if spans is None:
+            return ((0, n, self.weight_version),)
+        ends = [start for start, _ in spans[1:]] + [n]
+        return tuple((start, end, version) for (start, version), end in zip(spans, ends, strict=True))
+
+    def version_at(self, index: int) -> str | None:
+        """The weight version that drew output token ``index``."""
+        spans = self.weight_version_spans
+        if spans is None:
+            return self.weight_version
+        version = spans[0][1]
+        for start, v in spans:
+            if start > index:
+                break
+            version = v
+        return version
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (use this, not ``dataclasses.asdict``, which would include the packed bytes)."""
@@ -127,6 +202,8 @@ class TurnRecord:
         }
         if self.routed_experts is not None:
             out["routed_experts"] = [list(row) for row in self.routed_experts]
+        if self.weight_version_spans is not None:
+            out["weight_version_spans"] = [list(span) for span in self.weight_version_spans]
         return out
 
     @classmethod
@@ -138,6 +215,7 @@ class TurnRecord:
             finish_reason=data["finish_reason"],
             weight_version=data.get("weight_version"),
             routed_experts=data.get("routed_experts"),
+            weight_version_spans=data.get("weight_version_spans"),
         )
 
     @classmethod
@@ -171,6 +249,9 @@ class TurnRecord:
             finish = finish.get("type")
         weight_version = meta.get("weight_version")
         routed = meta.get("routed_experts")
+        spans = meta.get("weight_version_spans")
+        if type(spans) is list and len(spans) == 1 and spans[0] == [0, weight_version]:
+            spans = None  # the common case, one version: nothing to check
         return cls(
             prompt_ids=tuple(prompt_ids),
             output_ids=tuple(output_ids),
@@ -178,4 +259,5 @@ class TurnRecord:
             finish_reason="unknown" if finish is None else str(finish),
             weight_version=None if weight_version is None else str(weight_version),
             routed_experts=None if routed is None else routed,
+            weight_version_spans=spans,
         )

@@ -122,7 +122,7 @@ def _check_token(sample: Sample, replay: _Replay, i: int) -> bool:
     rec, turn = replay.recs[k], replay.order[k]
     token, prov = sample.tokens[i], sample.provenance[i]
     source = _source(replay, i, rs)
-    expected_wv = rec.weight_version if source == MODEL else None
+    expected_wv = rec.version_at(i - len(rec.prompt_ids)) if source == MODEL else None
     if type(token) is not int or token != replay.full[k][i]:
         raise ProvenanceError(f"id {token!r} but turn {turn} recorded {replay.full[k][i]} here ({source})", i)
     if tuple(prov) != (source, turn, expected_wv):

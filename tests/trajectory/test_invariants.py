@@ -58,7 +58,9 @@ def check_contract(samples: list[Sample], turns) -> None:
             assert tuple(s.tokens[: len(rec.prompt_ids)]) == rec.prompt_ids
             assert tuple(s.tokens[len(rec.prompt_ids) : i + 1]) == rec.output_ids[: j + 1]
             assert s.rollout_logprobs[i - rs] == (rec.output_logprobs[j] if rec.output_logprobs else 0.0)
-            assert prov.weight_version == rec.weight_version
+            # the version that drew this very token (a resumed turn's tail: the next version's)
+            spans = rec.weight_version_spans or ((0, rec.weight_version),)
+            assert prov.weight_version == [v for start, v in spans if start <= j][-1]
             positions_by_turn.setdefault(prov.turn, []).append(j)
         # 5. a turn is trained at most once: one sample, each of its output offsets once
         for turn, offsets in positions_by_turn.items():

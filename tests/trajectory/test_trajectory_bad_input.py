@@ -56,6 +56,48 @@ def test_turn_record_rejects_bad_fields(overrides, error, match):
         _record(**overrides)
 
 
+@pytest.mark.parametrize(
+    ("spans", "error", "match"),
+    [
+        ([], ValueError, "weight_version_spans is empty"),
+        ([[1, "0"]], ValueError, "must start at token 0, the first starts at 1"),
+        ([[0, "0"], [0, "1"]], ValueError, "starts must strictly increase: 0 after 0"),
+        ([[0, "0"], [1, "0"], [1, "1"]], ValueError, "starts must strictly increase: 1 after 1"),  # not hidden by a merge
+        ([[0, "0"], [2, "1"]], ValueError, r"weight_version_spans\[1\] starts at 2, outside the 2 output ids"),
+        ([[0, "0"], [-1, "1"]], ValueError, "strictly increase: -1 after 0"),
+        ([[0, "1"], [1, "0"]], ValueError, "go back from version '1' to '0' at token 1"),
+        ([[0, "2"], [1, "warmup"], [1, "1"]], ValueError, "strictly increase"),
+        ([[0, 0]], TypeError, r"weight_version_spans\[0\] version must be a str, got int"),
+        ([[0.0, "0"]], TypeError, "start must be an int, got float"),
+        ([[True, "0"]], TypeError, "start must be an int, got bool"),
+        ([[0, "0", "extra"]], ValueError, r"must be a \[start, version\] pair"),
+        (["0a"], ValueError, r"must be a \[start, version\] pair"),
+        ({"0": "0"}, TypeError, "list of \\[start, version\\] pairs, got dict"),
+        ("00", TypeError, "got str"),
+        (7, TypeError, "got int"),
+    ],
+)
+def test_turn_record_rejects_bad_weight_version_spans(spans, error, match):
+    with pytest.raises(error, match=match):
+        _record(weight_version="1", weight_version_spans=spans)
+
+
+def test_weight_version_spans_give_each_output_token_its_version():
+    rec = _record(output_ids=[4, 5, 6], output_logprobs=[], weight_version="1", weight_version_spans=[[0, "0"], [2, "1"]])
+    assert [rec.version_at(j) for j in range(3)] == ["0", "0", "1"]
+    assert rec.version_runs() == ((0, 2, "0"), (2, 3, "1"))
+    # a label version has no order, a step-number one may follow it; equal neighbours are one run
+    lab = _record(weight_version="3", weight_version_spans=[[0, "default"], [1, "3"]])
+    assert lab.weight_version_spans == ((0, "default"), (1, "3"))
+    assert _record(weight_version="1", weight_version_spans=[[0, "0"], [1, "0"]]).weight_version_spans == ((0, "0"),)
+    # one run of the turn's own version is the plain record; an empty output has the one run [0, v]
+    assert _record(weight_version="1", weight_version_spans=[[0, "1"]]) == _record(weight_version="1")
+    assert _record(output_ids=[], output_logprobs=[], weight_version="1",
+                   weight_version_spans=[[0, "1"]]).weight_version_spans is None
+    with pytest.raises(ValueError, match="outside the 0 output ids"):
+        _record(output_ids=[], output_logprobs=[], weight_version="1", weight_version_spans=[[0, "0"], [1, "1"]])
+
+
 def test_turn_record_is_frozen_and_stores_tuples():
     rec = _record(output_logprobs=[-1, -0.25])
     assert rec.prompt_ids == (1, 2, 3) and rec.output_ids == (4, 5)
@@ -70,6 +112,8 @@ def test_turn_record_json_round_trip():
 
     rec = _record(weight_version="3")
     assert TurnRecord.from_dict(json.loads(json.dumps(rec.to_dict()))) == rec
+    resumed = _record(weight_version="3", weight_version_spans=[[0, "2"], [1, "3"]])
+    assert TurnRecord.from_dict(json.loads(json.dumps(resumed.to_dict()))) == resumed != rec
     with pytest.raises(ValueError, match="1 entries for 2 output ids"):
         TurnRecord.from_dict({**rec.to_dict(), "output_logprobs": [-1.0]})
 
@@ -86,6 +130,12 @@ def test_turn_record_from_sglang_generate_body():
     }
     rec = TurnRecord.from_generate_response([1, 2], body)
     assert rec == TurnRecord((1, 2), (7, 8), (-0.1, -0.2), "length", "3")
+    body["meta_info"]["weight_version_spans"] = [[0, "2"], [1, "3"]]  # the agentrl engine's resumed turn
+    assert TurnRecord.from_generate_response([1, 2], body).weight_version_spans == ((0, "2"), (1, "3"))
+    body["meta_info"]["weight_version_spans"] = [[0, "2"], [5, "3"]]
+    with pytest.raises(ValueError, match="starts at 5, outside the 2 output ids"):
+        TurnRecord.from_generate_response([1, 2], body)
+    body["meta_info"]["weight_version_spans"] = None
     body["meta_info"]["output_token_logprobs"][1][1] = 9
     with pytest.raises(ValueError, match="differ from output_ids"):
         TurnRecord.from_generate_response([1, 2], body)

@@ -88,7 +88,12 @@ def simulate(
         with_logprobs = data.draw(st.integers(0, 4), label="logprobs?") > 0
         logprobs = [-(0.01 + ((t * 7 + j * 3) % 11) / 4) for j in range(len(output))] if with_logprobs else []
         finish = data.draw(st.sampled_from(["stop", "stop", "length", "abort"]), label="finish")
-        record = TurnRecord(prompt, output, logprobs, finish, weight_version=f"v{t // 3}")
+        version, spans = f"v{t // 3}", None
+        if len(output) >= 2 and data.draw(st.integers(0, 3), label="resumed?") == 0:
+            # continued across a weight update (partial_rollout: resume): the tail drawn by the next version
+            cut = data.draw(st.integers(1, len(output) - 1), label="update at")
+            spans, version = [[0, version], [cut, f"v{t // 3 + 1}"]], f"v{t // 3 + 1}"
+        record = TurnRecord(prompt, output, logprobs, finish, weight_version=version, weight_version_spans=spans)
         content = data.draw(st.sampled_from([f"a{t}", f"a{t}", "same"]), label="content")
         response = {"role": "assistant", "content": content}
         if data.draw(st.booleans(), label="tool?"):
