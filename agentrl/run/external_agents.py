@@ -1,36 +1,11 @@
 """External agents train through the gateway: the ``external_agent`` section of a run's config.
 
-Any program that speaks OpenAI chat completions can be the agent of an RL run. The rollout actor starts
-the gateway (:mod:`agentrl.rollout.gateway`, training mode) on its own event loop, in front of the run's
-engines (through the smg router, with the run's rollout client), and ``copies`` processes of
-``command``. Each episode of a step (``samples_per_prompt`` per task: a GRPO group) goes to a free
-copy; the turns it asks for are generated, parsed and recorded into the step's trajectory manager, so the
-samples are proved at batch building and trained like the in-process agent loop's. Weights reach the
-engines behind the gateway by the run's ordinary sync.
-
-What an agent sees (it needs nothing of agentrl):
-
-* environment: ``OPENAI_BASE_URL`` (``session_id_from: base_url``, the default: a base URL of its own,
-  ``http://127.0.0.1:<port>/agents/<slot>/v1``, that names its current episode, so an agent that can set
-  neither ``user`` nor a header still works; ``user`` / ``header``: the shared ``.../v1``, and the agent
-  passes the episode's ``session_id`` as the request's ``user`` field or ``X-Session-Id`` header),
-  ``OPENAI_API_KEY`` (a per-run key the gateway requires), ``AGENTRL_FINISH_URL`` (its finish call) and
-  ``AGENTRL_AGENT_SLOT``; never the engines' secret.
-* stdin: one JSON line per episode, ``{"session_id", "prompt", "messages", "tools", "task"}``: the
-  environment's initial messages (``prompt`` is the last one's text) and tool schemas, and the raw task.
-* stdout: one line (any text) when the episode is over; or the process exits with status 0 (an agent
-  that runs one task per process). A non-zero exit, or running past ``episode_timeout_s`` (the copy is
-  then killed), fails the episode: it is counted, the copy is started again for the next one, and a step
-  never waits longer than the timeout for an agent.
-
-The reward (``reward_from``): ``env``, the environment replays the tool calls *the model made* (the replies
-the gateway returned, not the history the agent sends back) through its own tools and scores the episode
-with ``reward()``; or ``finish_call``, the reward of the agent's ``POST $AGENTRL_FINISH_URL``
-(or ``/sessions/<id>/finish``) ``{"reward": r}``, made before its stdout line. The run's
-``rollout.temperature`` (0 in evaluation) replaces the agent's temperature and top-p and
-``rollout.max_new_tokens`` caps its ``max_tokens``: the trainer computes log-probs at that temperature.
-Replies are parsed in the environment's tool-call format (``rollout.tool_format`` overrides it) and
-prompts rendered with ``rollout.chat_template_kwargs``, as in the in-process loop.
+Any program that speaks OpenAI chat completions can be the agent of an RL run. The rollout actor serves
+the gateway (:mod:`agentrl.rollout.gateway`, training mode) in front of the run's engines and runs
+``copies`` processes of ``command``; each episode goes to a free copy (a task line on its stdin, one line
+on its stdout when done), and the turns it asks for are recorded into the step's trajectory manager and
+proved and trained like the in-process loop's. What an agent sees, the reward (``reward_from``), the
+sampling it gets and how failures are counted: docs/gateway.md, "Training external agents".
 """
 
 from __future__ import annotations

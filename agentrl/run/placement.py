@@ -1,28 +1,13 @@
 """Where a run's processes go: connect to a Ray cluster (or start a local one), reserve GPUs and CPUs in
 placement groups, and record which node and GPU ids every engine and trainer rank got.
 
-* **Connect or start** (:func:`connect`): ``ray.address`` or ``$RAY_ADDRESS`` connects to an existing
-  cluster, passing no resources (Ray refuses ``num_cpus`` then); with neither, a local cluster starts, as
-  before. A cluster started with token auth (Ray 2.60's ``ray start`` default) is joined with the token
-  found locally (``~/.ray/auth_token``, ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``).
-* **Placement groups** (:func:`reserve`): the trainer group holds one bundle per rank
-  (``ray.gpus_per_rank`` GPUs, 1 CPU, ``ray.trainer_resources``) placed by ``ray.trainer_strategy``.
-  Engines, unless colocated, get their own group with one bundle per engine (``ray.gpus_per_engine``
-  GPUs, ``ray.cpus_per_engine`` CPUs, ``ray.engine_resources``); a bundle never spans nodes, so an
-  engine's tensor-parallel GPUs are on one node (STRICT_PACK per engine), and ``ray.engine_strategy``
-  (PACK / SPREAD / ...) spreads the engines. ``colocate: true`` puts engine ``i`` on the bundles of trainer
-  ranks ``i*g .. i*g+g-1`` (``g = gpus_per_engine``): they share those GPUs by design (engine memory is
-  released around training).
-* **GPU ids come from Ray**: each bundle is probed once (a tiny task holding a fraction of it reports
-  ``ray.get_gpu_ids()`` and its node); an engine's process is started with ``CUDA_VISIBLE_DEVICES`` set to
-  its bundles' ids (and SGLang's ``--base-gpu-id 0``), a trainer rank's before it imports torch. No
-  process is left to CUDA's default device. A process given GPUs where CUDA is absent refuses to start
-  (:class:`GpuUnavailableError`) rather than running on the CPU.
-
-Embedded engines of a local CPU run stay children of the rollout actor, as before (``ray.place_engines``
-auto); on a cluster, or with GPUs or engine resources, each engine is started on its bundle's node by a
-small :class:`~agentrl.run.engine_host.EngineHost` actor, bound to that node's IP so the router and the
-trainer reach it.
+:func:`connect` joins ``ray.address`` / ``$RAY_ADDRESS`` (with a local token, if any) or starts a local
+cluster; :func:`reserve` makes one bundle per trainer rank and, unless colocated, one per engine (a bundle
+never spans nodes), and probes each bundle once for its node and the GPU ids Ray gave it, which become the
+process's ``CUDA_VISIBLE_DEVICES``. A process given GPUs where CUDA is absent refuses to start
+(:class:`GpuUnavailableError`). Placed engines run on their bundle's node in an
+:class:`~agentrl.run.engine_host.EngineHost`; a local CPU run keeps them children of the rollout actor.
+The layouts (split, colocated) and the rules: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -197,7 +182,7 @@ class Plan:
 
     @property
     def master_addr(self) -> str:
-        """Rank 0's node IP (loopback for a local cluster, as before)."""
+        """Rank 0's node IP (loopback for a local cluster)."""
         return "127.0.0.1" if self.cluster == "local" else self.trainers[0].node_ip
 
     def master_port(self) -> int:
