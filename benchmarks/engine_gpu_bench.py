@@ -113,6 +113,35 @@ def engine_run(engine, prompts: list[list[int]], new_tokens: int, sync) -> dict:
             "per_token_p50_s": tpot[len(tpot) // 2]}
 
 
+def step_split(before: dict, after: dict, seconds: float) -> dict:
+    """The worker's time over a run from two ``Scheduler.stats()`` snapshots: per decode step its wall time,
+    the worker's busy time, the time it waited for the device in ``collect`` and the host time left once
+    device waits, admissions (prefill included) and graph captures are taken out; and the run's events."""
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    steps = max(d["decode_steps"], 1)
+    host = d["busy_s"] - d.get("runner_wait_s", 0.0) - d["admit_s"] - d.get("runner_capture_s", 0.0)
+    return {"decode_steps": d["decode_steps"], "wall_ms_per_step": 1e3 * seconds / steps,
+            "busy_ms_per_step": 1e3 * d["busy_s"] / steps, "wait_ms_per_step": 1e3 * d.get("runner_wait_s", 0.0) / steps,
+            "host_ms_per_step": 1e3 * host / steps, "idle_s": seconds - d["busy_s"],
+            "admissions": d["admissions"], "rows_per_admission": d["admitted_rows"] / max(d["admissions"], 1),
+            "admit_s": d["admit_s"], "drop_s": d["drop_s"], "drains": d["drains"],
+            "pipelined_fraction": d["pipelined_steps"] / steps, "dropped_tokens": d["dropped_tokens"],
+            **{k[len("runner_"):]: v for k, v in d.items() if k.startswith("runner_") and k != "runner_wait_s"}}
+
+
+SPLIT_HEADER = (f"{'run':<26} {'steps':>5} {'wall':>6} {'busy':>6} {'wait':>6} {'host':>6} {'idle s':>6} {'adm':>4} "
+                f"{'rows/adm':>8} {'adm s':>6} {'drop s':>6} {'drains':>6} {'pipe%':>5} {'capt':>4} {'capt s':>6} "
+                f"{'eager':>5} {'writes':>6} {'prefill':>7}  (ms per decode step)")
+
+
+def split_line(name: str, s: dict) -> str:
+    return (f"{name:<26} {s['decode_steps']:>5} {s['wall_ms_per_step']:>6.2f} {s['busy_ms_per_step']:>6.2f} "
+            f"{s['wait_ms_per_step']:>6.2f} {s['host_ms_per_step']:>6.2f} {s['idle_s']:>6.2f} {s['admissions']:>4} "
+            f"{s['rows_per_admission']:>8.1f} {s['admit_s']:>6.3f} {s['drop_s']:>6.3f} {s['drains']:>6} "
+            f"{100 * s['pipelined_fraction']:>5.0f} {s.get('captures', 0):>4} {s.get('capture_s', 0):>6.2f} "
+            f"{s.get('eager_steps', 0):>5} {s.get('input_writes', 0):>6} {s.get('prefills', 0):>3}/{s.get('fused_prefills', 0):<3}")
+
+
 def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: str, sync, mode: str = "static") -> dict:
     import torch
 
@@ -138,6 +167,13 @@ def hf_generate_run(model, prompts: list[list[int]], new_tokens: int, device: st
     tokens = generated * len(prompts)
     return {"seconds": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall, "ttft_p50_s": ttft,
             "ttft_max_s": ttft, "per_token_p50_s": (wall - ttft) / max(new_tokens - 1, 1), "cold_seconds": cold}
+
+
+def write_trace(path: Path, trace: list[tuple]) -> None:
+    """The scheduler's per-step trace, times from the first record: [what, start s, seconds, rows, queued]."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = trace[0][1] if trace else 0.0
+    path.write_text(json.dumps([[r[0], round(r[1] - t0, 6), round(r[2], 6), *r[3:]] for r in trace]))
 
 
 def _timed(fn, acc: dict, key: str, sync):
@@ -272,6 +308,7 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                           "fused_decoder": engine.runner.fused_decoder is not None,
                           "fused_prefill": engine.runner.fused_prefill}), flush=True)
         engine.start()
+        print(SPLIT_HEADER, flush=True)
         try:
             engine_run(engine, prompts_for(2, args.prompt_len, vocab, seed=999), 4, sync)  # warm-up
             for c in args.concurrency:
@@ -279,8 +316,16 @@ def bench_shape(args, shape: str, root: Path) -> list[dict]:
                 if args.warm:  # capture this concurrency's decode graphs (row buckets as rows join) untimed
                     warm = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=10_000 + c), 4, sync)["seconds"]
                 pipelined = engine.scheduler.pipelined_steps
+                stats0 = engine.scheduler.stats()
+                if args.trace_dir:
+                    engine.scheduler.trace = []
                 r = engine_run(engine, prompts_for(c, args.prompt_len, vocab, seed=c), args.new_tokens, sync)
                 r["pipelined_steps"] = engine.scheduler.pipelined_steps - pipelined
+                r["split"] = step_split(stats0, engine.scheduler.stats(), r["seconds"])
+                print(split_line(f"engine_{mode} c={c}", r["split"]), flush=True)
+                if args.trace_dir:
+                    write_trace(Path(args.trace_dir) / f"trace_gpu_bench_{shape}_c{c}.json", engine.scheduler.trace)
+                    engine.scheduler.trace = None
                 rows.append({"shape": shape, "runner": f"engine_{mode}", "concurrency": c, **r, "warmup_seconds": warm,
                              "fused_ops": engine.runner.fused_ops, "decode_sdpa": args.decode_sdpa,
                              "fused_decoder": engine.runner.fused_decoder is not None,
@@ -357,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                         '(decoder_kernels.SAMPLE_LAUNCH)')
     p.add_argument("--no-pdl", action="store_true",
                    help="engine: launch the Triton kernels plainly (decoder_kernels.PDL off)")
+    p.add_argument("--trace-dir", default=None, help="write the scheduler's per-step trace of each timed run here")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_gpu_bench.json"))
     args = p.parse_args(argv)

@@ -97,10 +97,13 @@ def _histogram_count(registry) -> float:
 
 
 def run_in_process(args, model_dir: str, runner_factory, concurrency: int, loads: list[dict]) -> list[dict]:
+    from engine_gpu_bench import step_split, write_trace
+
     from agentrl.engine.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model_dir, dtype=args.dtype, device=args.device, max_batch_size=concurrency,
                                  max_prefill_tokens=args.max_prefill_tokens, admit_wait_ratio=args.admit_wait_ratio,
+                                 prefix_cache_tokens=args.prefix_cache_tokens,
                                  lean_decode=False if args.null_model else None),
                     runner=runner_factory())
     engine.start()
@@ -110,11 +113,18 @@ def run_in_process(args, model_dir: str, runner_factory, concurrency: int, loads
         rows = []
         for i, load in enumerate(loads):
             steps0, cpu0 = _histogram_count(engine.metrics.registry), time.process_time()
-            admissions0 = engine.scheduler.admissions
+            admissions0, stats0 = engine.scheduler.admissions, engine.scheduler.stats()
+            if args.trace_dir:
+                engine.scheduler.trace = []
             run = asyncio.run(drive(generate, concurrency, load, args.vocab, seed=1 + i))
             rows.append(row(load, concurrency, "in-process", run, time.process_time() - cpu0,
                             int(_histogram_count(engine.metrics.registry) - steps0)))
             rows[-1]["admissions"] = engine.scheduler.admissions - admissions0
+            rows[-1]["split"] = step_split(stats0, engine.scheduler.stats(), run["seconds"])
+            if args.trace_dir:
+                write_trace(Path(args.trace_dir) / f"trace_in-process_{load['name']}_c{concurrency}.json",
+                            engine.scheduler.trace)
+                engine.scheduler.trace = None
         return rows
     finally:
         engine.shutdown()
@@ -187,12 +197,18 @@ async def _http_rows(request, pid: int, concurrency: int, loads: list[dict], voc
     async def steps() -> int:
         return _steps_from_metrics((await request("GET", "/metrics"))[1].decode())
 
+    async def stats() -> dict:
+        return json.loads((await request("GET", "/server_info"))[1])["internal_states"][0]["step_stats"]
+
+    from engine_gpu_bench import step_split
+
     await drive(generate, concurrency, {**loads[0], "new_tokens": 4, "turns": 1}, vocab, seed=0)  # warm
     rows = []
     for i, load in enumerate(loads):
-        steps0, cpu0 = await steps(), cpu_seconds(pid)
+        steps0, cpu0, stats0 = await steps(), cpu_seconds(pid), await stats()
         run = await drive(generate, concurrency, load, vocab, seed=1 + i)
         rows.append(row(load, concurrency, "http", run, cpu_seconds(pid) - cpu0, await steps() - steps0))
+        rows[-1]["split"] = step_split(stats0, await stats(), run["seconds"])
     return rows
 
 
@@ -200,12 +216,12 @@ def run_http(args, model_dir: str, concurrency: int, loads: list[dict]) -> list[
     from agentrl.engine.launch import EngineProcess
 
     extra = ["--max-batch-size", str(concurrency), "--max-prefill-tokens", str(args.max_prefill_tokens),
-             "--admit-wait-ratio", str(args.admit_wait_ratio)]
+             "--admit-wait-ratio", str(args.admit_wait_ratio), "--prefix-cache-tokens", str(args.prefix_cache_tokens)]
     if args.device:
         extra += ["--device", args.device]
     if args.null_model:
         extra += ["--null-model", args.null_model]
-    with EngineProcess(model_dir, dtype=args.dtype, extra_args=extra) as eng:
+    with EngineProcess(model_dir, dtype=args.dtype, extra_args=extra, log_dir=args.trace_dir) as eng:
         eng.wait_healthy(300)
         return asyncio.run(http_runs(eng.url, eng.pid, concurrency, loads, args.vocab))
 
@@ -249,6 +265,12 @@ def print_table(rows: list[dict]) -> None:
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.0%}" if ref and r["side"] == "http" else ""
         print(f"{r['workload']:>8} | {r['concurrency']:>4} | {r['side']:>10} | {r['tokens_per_s']:>9.0f} | "
               f"{r['decode_steps']:>6} | {r['host_ms_per_step']:>12.2f} | {r['host_us_per_token']:>11.1f} | {ratio:>12}")
+    from engine_gpu_bench import SPLIT_HEADER, split_line
+
+    print(SPLIT_HEADER)
+    for r in rows:
+        if "split" in r:
+            print(split_line(f"{r['workload']} c={r['concurrency']} {r['side']}", r["split"]))
 
 
 def write(args, rows: list[dict]) -> None:
@@ -271,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=65536)
     p.add_argument("--admit-wait-ratio", type=float, default=4.0, help="the engine's (0: admit before every step)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=65536, help="the engine's prefix KV cache budget")
+    p.add_argument("--trace-dir", default=None, help="in-process: write the scheduler's per-step trace of each run here")
     p.add_argument("--workloads", nargs="+", default=["long", "short", "sessions"])
     p.add_argument("--sides", nargs="+", default=["in-process", "http"])
     p.add_argument("--out", default="benchmarks/results/engine_server_bench.json")

@@ -333,6 +333,12 @@ def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([pad, t], dim=2)
 
 
+# ModelRunner.stats, counters since start (Scheduler.stats reads them): graph captures and their seconds, decode
+# steps replayed / run eagerly, host writes of a captured step's inputs, seconds waiting in collect, prefills
+RUNNER_STATS = ("captures", "capture_s", "graph_steps", "eager_steps", "input_writes", "wait_s", "prefills",
+                "fused_prefills")
+
+
 def resolve_dtype(name: str):
     import torch
 
@@ -423,6 +429,7 @@ class ModelRunner:
         self._routed_rows: list[int] = []  # flat token positions of the last forward whose logits were returned
         self._rows_key: tuple | None = None  # launch_sample's rows, and their (fusable, temperatures, greedy)
         self._rows_sampling: tuple = (False, [], [])
+        self.stats: dict[str, float] = dict.fromkeys(RUNNER_STATS, 0)
 
     def _install_fused_ops(self) -> bool:
         """Patch in the compiled ops, checked against this model's own eager logits at the shapes a run
@@ -541,7 +548,9 @@ class ModelRunner:
         import torch
 
         pasts = [past[0][0].shape[1] if past else 0 for _, past in items]
+        self.stats["prefills"] += 1
         if self.fused_prefill and not any(pasts):
+            self.stats["fused_prefills"] += 1
             return self._fused_prefill([tokens for tokens, _ in items])
         news = [len(tokens) - p for (tokens, _), p in zip(items, pasts, strict=True)]
         B, P, N = len(items), max(pasts), max(news)
@@ -654,6 +663,7 @@ class ModelRunner:
                 step["graph"].replay()
             else:
                 step["run"]()
+        self.stats["graph_steps" if step["graph"] is not None else "eager_steps"] += 1
         batch.lengths = [length + 1 for length in batch.lengths]
         batch.width = width + 1
         self._routed_rows = list(range(n))
@@ -728,6 +738,7 @@ class ModelRunner:
             step["done"].append(torch.cuda.Event() if cuda else None)
         step["busy"].add(slot)
         host, done = step["host"][slot], step["done"][slot]
+        self.stats["graph_steps"] += 1
         with torch.inference_mode():
             step["graph"].replay()
             host.copy_(step["out"], non_blocking=done is not None)
@@ -743,9 +754,13 @@ class ModelRunner:
 
     def collect(self, handle: dict[str, Any]) -> tuple[list[int], list[float]]:
         """Wait for a launched step; its tokens and their log-probs."""
+        import time
+
         step, batch, slot = handle["step"], handle["batch"], handle["slot"]
         if step["done"][slot] is not None:
+            began = time.perf_counter()
             step["done"][slot].synchronize()
+            self.stats["wait_s"] += time.perf_counter() - began
         out = step["host"][slot][:, : handle["rows"]].tolist()
         step["busy"].discard(slot)
         new_tokens = [int(t) for t in out[0]]
@@ -760,6 +775,7 @@ class ModelRunner:
 
         bucket, n = step["ids"].shape[0], len(tokens)
         pad = bucket - n
+        self.stats["input_writes"] += 1
         with torch.inference_mode():
             ints = torch.tensor([tokens + [0] * pad, batch.lengths + [0] * pad], dtype=torch.long)
             floats = torch.tensor([temps + [1.0] * pad, [float(g) for g in greedy] + [1.0] * pad], dtype=torch.float32)
@@ -879,9 +895,12 @@ class ModelRunner:
 
     def _capture(self, step: dict[str, Any]) -> None:
         import logging
+        import time
 
         import torch
 
+        began = time.perf_counter()
+        self.stats["captures"] += 1
         try:
             with torch.inference_mode():
                 if self._capture_stream is None:
@@ -904,6 +923,7 @@ class ModelRunner:
             self.sampling_rng.seed()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+        self.stats["capture_s"] += time.perf_counter() - began
 
     def routed_experts(self) -> list[list[int]]:
         """Per returned row of the last prefill or decode: the experts each MoE layer chose at the position its

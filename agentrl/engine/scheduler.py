@@ -136,6 +136,13 @@ class Scheduler:
         self.admit_seconds = 0.0  # what an admission costs, a moving average (_admit_due)
         self.admissions = 0
         self.decode_steps = 0
+        # where the worker's time goes (stats()): busy = admissions, steps and controls, not idle waits
+        self.busy_seconds = 0.0
+        self.admit_total_seconds = 0.0
+        self.admitted_rows = 0
+        self.drop_seconds = 0.0
+        self.drains = 0
+        self.trace: list[tuple] | None = None  # set to a list: (what, start, seconds, rows) per step/admission
 
     # ---- called from the event loop / other threads -------------------------------------------
     def start(self) -> None:
@@ -225,34 +232,52 @@ class Scheduler:
                     break
                 controls = list(self._controls)
                 self._controls.clear()
-            if self._pending and (controls or self._admit_due() or self.paused
-                                  or any(s.abort_requested for s in self.running)):
-                try:
-                    self._drain()
-                except Exception:  # noqa: BLE001 - the step's failure is handled below like any other
-                    self._pending.clear()
-                    logger.exception("collecting a queued decode step failed")
-            for fn, fut in controls:
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn())
-                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                        fut.set_exception(exc)
+            busy = time.perf_counter()
             try:
-                self._reap_aborts()
-                if not self.paused:
-                    self._admit()
-                    if self.running:
-                        self._decode_step()
-            except Exception as exc:  # fail the in-flight requests, keep the worker (and server) alive
-                logger.exception("engine step failed; aborting %d in-flight requests", len(self.running) + len(self.waiting))
+                self._work(controls)
+            finally:
+                self.busy_seconds += time.perf_counter() - busy
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the worker's time and events since start (the runner's under ``runner_``): what a
+        benchmark differences over a run to split the host's time per decode step."""
+        out = {"decode_steps": self.decode_steps, "pipelined_steps": self.pipelined_steps,
+               "admissions": self.admissions, "admitted_rows": self.admitted_rows, "busy_s": self.busy_seconds,
+               "admit_s": self.admit_total_seconds, "drop_s": self.drop_seconds, "drains": self.drains,
+               "dropped_tokens": self.dropped_tokens, "generated_tokens": self.generated_tokens}
+        for key, value in (getattr(self.runner, "stats", None) or {}).items():
+            out[f"runner_{key}"] = value
+        return out
+
+    def _work(self, controls: list[tuple[Callable[[], Any], concurrent.futures.Future]]) -> None:
+        if self._pending and (controls or self._admit_due() or self.paused
+                              or any(s.abort_requested for s in self.running)):
+            try:
+                self._drain()
+            except Exception:  # noqa: BLE001 - the step's failure is handled below like any other
                 self._pending.clear()
-                with self._cond:
-                    failed = [*self.running, *self.admitting, *self.waiting]
-                    self.running, self.admitting, self.waiting = [], [], deque()
-                    self.batch = self.decoder.empty_batch()
-                for seq in failed:
-                    self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
+                logger.exception("collecting a queued decode step failed")
+        for fn, fut in controls:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+        try:
+            self._reap_aborts()
+            if not self.paused:
+                self._admit()
+                if self.running:
+                    self._decode_step()
+        except Exception as exc:  # fail the in-flight requests, keep the worker (and server) alive
+            logger.exception("engine step failed; aborting %d in-flight requests", len(self.running) + len(self.waiting))
+            self._pending.clear()
+            with self._cond:
+                failed = [*self.running, *self.admitting, *self.waiting]
+                self.running, self.admitting, self.waiting = [], [], deque()
+                self.batch = self.decoder.empty_batch()
+            for seq in failed:
+                self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
 
     def _reap_aborts(self) -> None:
         with self._cond:
@@ -313,7 +338,12 @@ class Scheduler:
             self._append_token(seq, tok, lp)
         self._finish_done()
         self.admissions += 1
-        self.admit_seconds += 0.3 * (time.perf_counter() - began - self.admit_seconds)
+        self.admitted_rows += len(seqs)
+        took = time.perf_counter() - began
+        self.admit_total_seconds += took
+        self.admit_seconds += 0.3 * (took - self.admit_seconds)
+        if self.trace is not None:
+            self.trace.append(("admit", began, took, len(seqs)))
 
     def _share_prefix(self, items: list[tuple[list[int], Any]]) -> list[tuple[list[int], Any]]:
         """``items`` where the sequences without a cached past that start alike (a system prompt, a group's
@@ -378,6 +408,9 @@ class Scheduler:
             self._drain()  # rows leave a batch with no step in flight
         self._finish_done()
         self.last_step_time = time.perf_counter() - t0
+        if self.trace is not None:
+            self.trace.append(("step" if pipeline else "drain", t0, self.last_step_time, len(self.running),
+                               len(self._pending)))
 
     def _queue_ahead(self, launch: Callable[..., Any], new_tokens: list[int]) -> None:
         """Queue steps behind the one just collected, up to ``pipeline_depth`` in flight."""
@@ -410,6 +443,8 @@ class Scheduler:
     def _drain(self) -> None:
         """Collect the steps queued ahead (their tokens appended, finished rows dropped) before anything
         else touches the batch."""
+        if self._pending:
+            self.drains += 1
         while self._pending:
             self._decode_step(pipeline=False)
 
@@ -465,6 +500,7 @@ class Scheduler:
             self._drop_rows(done, abort=False)
 
     def _drop_rows(self, rows: list[int], *, abort: bool) -> None:
+        began = time.perf_counter()
         finished = []
         for i in rows:
             seq = self.running[i]
@@ -485,6 +521,7 @@ class Scheduler:
         self.running = [self.running[i] for i in order]
         for seq, reason in finished:  # notify only once the scheduler's state no longer holds them
             self._finish(seq, reason)
+        self.drop_seconds += time.perf_counter() - began
 
     def _finish(self, seq: Sequence, reason: dict[str, Any] | None) -> None:
         seq.weight_version = self._weight_version()

@@ -154,6 +154,8 @@ class InfoRoutes:
             "paused": engine.scheduler.paused,
             "memory_released": sorted(engine.memory_released),
             **engine.scheduler.load(),
+            # counters of the worker's time and events since start (Scheduler.stats): benchmarks difference them
+            "step_stats": engine.scheduler.stats(),
         }
 
     async def get_load(self) -> list[dict[str, Any]]:
