@@ -23,17 +23,10 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-
-class SyncableTrainer(Protocol):
-    name: str
-
-    def step(self) -> None: ...
-
-    def export_hf_named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
 
 
 class HFAdamWStandIn:
@@ -126,7 +119,7 @@ def run(args: argparse.Namespace) -> dict:
     from agentrl.engine.launch import EngineProcess
     from agentrl.weights.sync import make_sync
 
-    trainer: SyncableTrainer = TRAINERS[args.trainer](Path(args.model), lr=args.lr, seed=args.seed)
+    trainer = TRAINERS[args.trainer](Path(args.model), lr=args.lr, seed=args.seed)
     engine = None
     url = args.engine_url
     if url is None:

@@ -151,9 +151,7 @@ class RunConfig(Settings):
     @field_validator("env")
     @classmethod
     def _env_loads(cls, path: str) -> str:
-        from agentrl.envs import Environment
-
-        resolve(path, {}, what="env", base=Environment)
+        env_class(path)
         return path
 
     @field_validator("sync_mode")
@@ -211,12 +209,11 @@ class RunConfig(Settings):
     @model_validator(mode="after")
     def _env_speaks_a_known_format(self) -> RunConfig:
         """The environment's own tool_format / prompt_mode, where rollout does not override them."""
-        from agentrl.envs import Environment
         from agentrl.envs.environment import TOOL_FORMAT_AUTO, check_prompt_mode
         from agentrl.envs.formats import get_tool_call_format
         from agentrl.envs.mcp import MCPEnvironment
 
-        env = resolve(self.env, {}, what="env", base=Environment)
+        env = env_class(self.env)
         if self.rollout.mcp is not None and not issubclass(env, MCPEnvironment):
             raise ValueError(f"rollout.mcp names an MCP server, but env {self.env} is no MCPEnvironment")
         if self.rollout.prompt_mode is None:
@@ -236,11 +233,16 @@ class RunConfig(Settings):
         """The run's tasks; data is read and every row validated here (call before Ray starts)."""
         if not is_data_path(self.tasks):
             return FunctionTasks(load_function(self.tasks), seed=self.seed, task_kwargs=self.task_kwargs)
-        from agentrl.envs import Environment
-
-        env = resolve(self.env, {}, what="env", base=Environment)
+        env = env_class(self.env)
         return load_dataset_tasks(self.tasks, self.data, seed=self.seed, task_model=env.task_model,
                                   task_fields=env.task_fields)
+
+
+def env_class(path: str) -> type:
+    """The :class:`~agentrl.envs.Environment` subclass at ``path``; a ``PluginError`` naming what it looked for."""
+    from agentrl.envs import Environment
+
+    return resolve(path, {}, what="env", base=Environment)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
