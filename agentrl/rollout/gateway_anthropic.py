@@ -209,16 +209,25 @@ def named_sse(events: list[dict[str, Any]]) -> list[bytes]:
 
 
 class MessagesRoutes:
-    """``POST /v1/messages`` (also without ``/v1``)."""
+    """``POST /v1/messages`` (also without ``/v1``, and under an agent slot's base URL)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.router = APIRouter()
         for path in ("/v1/messages", "/messages"):
             self.router.add_api_route(path, self.messages, methods=["POST"])
+        for path in ("/agents/{slot}/v1/messages", "/agents/{slot}/messages"):
+            self.router.add_api_route(path, self.agent_messages, methods=["POST"])
 
     async def messages(self, body: MessagesRequest, x_session_id: str | None = Header(default=None)) -> Any:
-        session_id = session_id_of(x_session_id, body.user_id, param="metadata.user_id")
+        return await self.serve(body, session_id_of(x_session_id, body.user_id, param="metadata.user_id"))
+
+    async def agent_messages(self, slot: str, body: MessagesRequest) -> Any:
+        """An agent slot's base URL (an ``anthropic`` client's ``base_url`` is the slot's, without ``/v1``):
+        the session is the slot's open episode, whatever ``metadata.user_id`` says."""
+        return await self.serve(body, self.gateway.session_of_slot(slot))
+
+    async def serve(self, body: MessagesRequest, session_id: str) -> Any:
         chat = body.to_chat()
         done = await complete_turn(self.gateway, chat, session_id)
         reply = message_body(done, body.model or self.gateway.model_name, "msg_" + uuid.uuid4().hex[:24])

@@ -219,7 +219,8 @@ def _item_events(index: int, item: dict[str, Any], text_pieces: list[str]) -> li
 
 
 class ResponsesRoutes:
-    """``POST /v1/responses`` (also without ``/v1``) and the conversations ``previous_response_id`` chains to."""
+    """``POST /v1/responses`` (also without ``/v1``, and under an agent slot's base URL) and the
+    conversations ``previous_response_id`` chains to."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -227,6 +228,8 @@ class ResponsesRoutes:
         self.router = APIRouter()
         for path in ("/v1/responses", "/responses"):
             self.router.add_api_route(path, self.responses, methods=["POST"])
+        for path in ("/agents/{slot}/v1/responses", "/agents/{slot}/responses"):
+            self.router.add_api_route(path, self.agent_responses, methods=["POST"])
 
     def chained(self, previous: str | None) -> tuple[str | None, list[dict[str, Any]]]:
         """The session and conversation of response ``previous`` (none and [] without one)."""
@@ -239,7 +242,15 @@ class ResponsesRoutes:
 
     async def responses(self, body: ResponsesRequest, x_session_id: str | None = Header(default=None)) -> Any:
         previous_session, history = self.chained(body.previous_response_id)
-        session_id = session_id_of(x_session_id, body.user or previous_session)
+        return await self.serve(body, session_id_of(x_session_id, body.user or previous_session), history)
+
+    async def agent_responses(self, slot: str, body: ResponsesRequest) -> Any:
+        """An agent slot's base URL: the session is the slot's open episode, whatever ``user`` says (a
+        chained ``previous_response_id`` still supplies the history)."""
+        session_id = self.gateway.session_of_slot(slot)
+        return await self.serve(body, session_id, self.chained(body.previous_response_id)[1])
+
+    async def serve(self, body: ResponsesRequest, session_id: str, history: list[dict[str, Any]]) -> Any:
         chat = body.to_chat(history)
         done = await complete_turn(self.gateway, chat, session_id)
         response_id = "resp_" + uuid.uuid4().hex
