@@ -1,8 +1,12 @@
 """``MCPEnvironment``: an environment whose tools come from an MCP server (the ``mcp`` SDK).
 
-Each episode starts its own server connection in ``reset`` and ends it in ``close`` (lifetime = the
-episode; not pooled, so no state leaks between episodes): a stdio server (``mcp_command``, a subprocess)
-or a streamable-HTTP server (``mcp_url``). The tools the model sees are the server's ``tools/list`` (name,
+Each episode starts its own server connection in ``reset`` and ends it in ``close`` (``mcp_lifetime =
+"episode"``, the default: no state leaks between episodes): a stdio server (``mcp_command``, a subprocess)
+or a streamable-HTTP server (``mcp_url``). With ``mcp_lifetime = "process"`` the episodes of one process
+(and event loop) share one connection to the server instead, opened by the first episode and kept until
+the loop ends: for stateless tools, where a server process per episode costs more than the episode (the
+``mcp`` SDK alone takes ~1 s of CPU to import in each stdio server process). A shared server that dies fails
+the episodes using it and is started afresh by the next episode. The tools the model sees are the server's ``tools/list`` (name,
 description, JSON schema) after the subclass's own ``@tool`` methods; a call to a server tool goes
 through ``tools/call``. A tool's error result (``isError``) is a message for the model, like any tool
 failure; a server that dies or stops answering is :class:`MCPServerError`, which fails that episode.
@@ -15,11 +19,12 @@ on every environment the run makes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -39,6 +44,9 @@ class MCPServerSettings(Settings):
     command: list[str] | None = Field(None, description="a stdio server: argv of the process each episode starts")
     url: str | None = Field(None, description="a streamable-HTTP server's endpoint, e.g. http://127.0.0.1:8000/mcp")
     timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False, description="per MCP request (initialize, tools/list, tools/call)")
+    lifetime: Literal["episode", "process"] = Field(
+        "episode", description="episode: a server connection (a stdio process) per episode; process: one shared by "
+                               "the episodes of a rollout process, for stateless tools")
 
     @field_validator("command")
     @classmethod
@@ -74,6 +82,7 @@ class MCPServerSettings(Settings):
         if not isinstance(env, MCPEnvironment):
             raise TypeError(f"rollout.mcp needs an MCPEnvironment; {type(env).__name__} is not one")
         env.mcp_command, env.mcp_url, env.mcp_timeout_s = self.command, self.url, self.timeout_s
+        env.mcp_lifetime = self.lifetime
 
 
 class MCPEnvironment(Environment):
@@ -82,6 +91,7 @@ class MCPEnvironment(Environment):
     mcp_command: ClassVar[list[str] | None] = None  # a stdio server: argv of the process to start
     mcp_url: ClassVar[str | None] = None  # a streamable-HTTP server's endpoint, e.g. http://host:8000/mcp
     mcp_timeout_s: ClassVar[float] = 30.0  # per request (initialize, tools/list, tools/call)
+    mcp_lifetime: ClassVar[str] = "episode"  # or "process": one connection shared by the process's episodes
 
     def prompt(self, task: Any) -> list[dict[str, Any]]:
         """The episode's initial messages (system and/or user)."""
@@ -92,23 +102,28 @@ class MCPEnvironment(Environment):
         return self.prompt(task)
 
     async def connect(self) -> None:
-        """Start (stdio) or reach (HTTP) the server, initialize the session and read its tools."""
-        from mcp import ClientSession
-
+        """Start (stdio) or reach (HTTP) the server, initialize the session and read its tools (or join the
+        process's shared connection, with ``mcp_lifetime = "process"``)."""
         if (self.mcp_command is None) == (self.mcp_url is None):
             raise ValueError(f"{type(self).__name__} must set exactly one of mcp_command and mcp_url")
+        if self.mcp_lifetime not in ("episode", "process"):
+            raise ValueError(f"mcp_lifetime must be 'episode' or 'process', got {self.mcp_lifetime!r}")
         self.mcp_calls: list[str] = []
-        self._stack = contextlib.AsyncExitStack()
+        self._shared: SharedServer | None = None
         try:
-            read, write = await self._stack.enter_async_context(self._transport())
-            self._session = await self._stack.enter_async_context(
-                ClientSession(read, write, read_timeout_seconds=self.mcp_timeout_s))
-            await self._session.initialize()
-            listed = await self._session.list_tools()
+            if self.mcp_lifetime == "process":
+                self._shared = await SharedServer.of(self._server_key(), self._transport, self.mcp_timeout_s)
+                self._session, tools = self._shared.session, self._shared.tools
+            else:
+                self._stack = contextlib.AsyncExitStack()
+                self._session, tools = await open_session(self._stack, self._transport(), self.mcp_timeout_s)
         except Exception as err:
             raise MCPServerError(f"MCP server {self._server_name()} did not start: {type(err).__name__}: "
                                  f"{err}") from err
-        self._server_tools = {t.name: t for t in listed.tools if t.name not in self.tools}
+        self._server_tools = {t.name: t for t in tools if t.name not in self.tools}
+
+    def _server_key(self) -> tuple[Any, ...]:
+        return (tuple(self.mcp_command or ()), self.mcp_url, self.mcp_timeout_s)
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
         if self.mcp_command is not None:
@@ -141,6 +156,8 @@ class MCPEnvironment(Environment):
             result = await self._session.call_tool(call.name, dict(call.arguments),
                                                    read_timeout_seconds=self.mcp_timeout_s)
         except Exception as err:  # the transport broke or timed out: the episode cannot go on
+            if self._shared is not None:
+                self._shared.broken = True  # the next episode starts the server afresh
             raise MCPServerError(f"MCP server {self._server_name()} failed on tools/call {call.name!r}: "
                                  f"{type(err).__name__}: {err}") from err
         text = "".join(getattr(block, "text", "") for block in getattr(result, "content", None) or [])
@@ -157,3 +174,59 @@ class MCPEnvironment(Environment):
         if stack is not None:
             with contextlib.suppress(Exception):  # a server that already died has nothing left to close
                 await stack.aclose()
+
+
+async def open_session(stack: contextlib.AsyncExitStack, transport: Any, timeout_s: float) -> tuple[Any, list[Any]]:
+    """An initialized ``ClientSession`` over ``transport`` (entered on ``stack``) and the server's tools."""
+    from mcp import ClientSession
+
+    read, write = await stack.enter_async_context(transport)
+    session = await stack.enter_async_context(ClientSession(read, write, read_timeout_seconds=timeout_s))
+    await session.initialize()
+    listed = await session.list_tools()
+    return session, list(listed.tools)
+
+
+class SharedServer:
+    """One MCP connection shared by the episodes of an event loop (``mcp_lifetime = "process"``).
+
+    A task of its own holds the connection open (the SDK's sessions must be entered and left in one task),
+    until the loop ends (``asyncio.run`` cancels it, which ends a stdio server's process) or the server
+    breaks; requests from the episodes' tasks go through the session concurrently (JSON-RPC ids)."""
+
+    _open: ClassVar[dict[tuple[Any, ...], SharedServer]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.broken = False
+        self.session: Any = None
+        self.tools: list[Any] = []
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def of(cls, key: tuple[Any, ...], transport: Any, timeout_s: float) -> SharedServer:
+        """The loop's live connection for ``key``, started on first use (or after it broke)."""
+        loop = asyncio.get_running_loop()
+        full_key = (id(loop), *key)
+        shared = cls._open.get(full_key)
+        if shared is None or shared.broken or shared.loop is not loop or (shared.task and shared.task.done()):
+            for stale in [k for k, v in cls._open.items() if v.loop.is_closed()]:
+                del cls._open[stale]
+            shared = cls._open[full_key] = cls(loop)
+            shared.task = loop.create_task(shared._hold(transport(), timeout_s))
+        await asyncio.shield(shared.ready)
+        return shared
+
+    async def _hold(self, transport: Any, timeout_s: float) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                self.session, self.tools = await open_session(stack, transport, timeout_s)
+                self.ready.set_result(None)
+                await asyncio.Event().wait()  # until cancelled, or the session's own tasks fail
+        except BaseException as err:
+            self.broken = True
+            if not self.ready.done():
+                self.ready.set_exception(err if isinstance(err, Exception) else RuntimeError(repr(err)))
+            if not isinstance(err, Exception):
+                raise

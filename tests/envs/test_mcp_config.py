@@ -21,12 +21,14 @@ CONFIG = REPO / "examples" / "mcp_arithmetic" / "config.yaml"
 def test_the_example_config_loads_and_sets_the_server_on_each_env(monkeypatch):
     monkeypatch.chdir(REPO)
     cfg = load_config(CONFIG)
-    assert cfg.rollout.mcp == MCPServerSettings(command=["python3", "examples/mcp_arithmetic/server.py"], timeout_s=20)
+    assert cfg.rollout.mcp == MCPServerSettings(command=["python3", "examples/mcp_arithmetic/server.py"], timeout_s=20,
+                                                lifetime="process")
     from examples.mcp_arithmetic.env import MCPArithmeticEnv
 
     env = MCPArithmeticEnv()
     cfg.rollout.mcp.apply(env)
-    assert (env.mcp_command, env.mcp_url, env.mcp_timeout_s) == (["python3", "examples/mcp_arithmetic/server.py"], None, 20)
+    assert (env.mcp_command, env.mcp_url, env.mcp_timeout_s, env.mcp_lifetime) == (
+        ["python3", "examples/mcp_arithmetic/server.py"], None, 20, "process")
     assert MCPArithmeticEnv.mcp_command[1].endswith("server.py")  # the class keeps its own
 
 
@@ -40,6 +42,7 @@ def test_the_example_config_loads_and_sets_the_server_on_each_env(monkeypatch):
     ({"url": "http:///mcp"}, "http(s)"),
     ({"command": ["python3"], "timeout_s": 0}, "greater than 0"),
     ({"command": ["python3"], "tiemout_s": 3}, "did you mean 'timeout_s'"),
+    ({"command": ["python3"], "lifetime": "forever"}, "'episode' or 'process'"),
 ])
 def test_bad_mcp_settings_are_refused_at_load(monkeypatch, mcp, why):
     monkeypatch.chdir(REPO)

@@ -103,3 +103,39 @@ def test_a_streamable_http_server_serves_the_same_tools(tokenizer, renderer):
     finally:
         http.should_exit = True
         thread.join(15)
+
+
+def test_process_lifetime_shares_one_server_and_replaces_a_dead_one(tokenizer, renderer):
+    from agentrl.envs.mcp import MCPServerSettings, SharedServer
+
+    class Shared(MCPArithmeticEnv):
+        mcp_command = [*MCPArithmeticEnv.mcp_command, "--with-crash"]
+        mcp_lifetime = "process"
+
+    tasks = make_tasks(4, seed=8, multi_turn=True)
+
+    def episode(task, name, replies=None):
+        replies = replies or [call("add", a=task["a"], b=task["b"]), call("submit", answer=task["answer"])]
+        env = Shared()
+        return env, run_episode(env, task, ScriptedPolicy(tokenizer, replies), renderer, session_id=name)
+
+    async def main():
+        pairs = [episode(t, f"s{i}") for i, t in enumerate(tasks[:3])]
+        results = await asyncio.gather(*(run for _, run in pairs))  # concurrent calls on one connection
+        envs = [env for env, _ in pairs]
+        first = envs[0]._session
+        assert all(env._session is first for env in envs) and len(SharedServer._open) == 1
+        dead_env, dead = episode(tasks[3], "dead", [call("crash")])
+        with pytest.raises(MCPServerError, match="crash"):
+            await dead
+        after_env, after = episode(tasks[3], "after")
+        result = await after  # the next episode starts the server afresh
+        assert after_env._session is not first and after_env.mcp_calls == ["add"]
+        return [r.metrics.reward for r in results] + [result.metrics.reward]
+
+    assert asyncio.run(main()) == [1.0] * 4
+    env = MCPArithmeticEnv()
+    MCPServerSettings(command=["python3", "examples/mcp_arithmetic/server.py"], lifetime="process").apply(env)
+    assert env.mcp_lifetime == "process" and MCPArithmeticEnv.mcp_lifetime == "episode"
+    with pytest.raises(ValueError, match="lifetime"):
+        MCPServerSettings(command=["python3", "examples/mcp_arithmetic/server.py"], lifetime="run")
