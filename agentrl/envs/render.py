@@ -48,6 +48,22 @@ class RenderedChat:
     assistant_mask: list[int]
 
 
+def _memo(store: dict[str, Any], parts: list[Any], make: Callable[[], Any]) -> Any:
+    """``make()``, kept in ``store`` by the JSON of ``parts`` (key order kept); not kept when ``parts`` is no
+    JSON. The store starts over when it would hold more than :data:`RENDERED_CHATS_KEPT`."""
+    try:
+        key = json.dumps(parts, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return make()
+    value = store.get(key)
+    if value is None:
+        value = make()
+        if len(store) >= RENDERED_CHATS_KEPT:
+            store.clear()
+        store[key] = value
+    return value
+
+
 class ChatRenderer:
     """Injection-safe ``messages -> token ids`` with the tokenizer's chat template, and reply decoding."""
 
@@ -84,17 +100,9 @@ class ChatRenderer:
         joined into one string first; other part types are refused.
         """
         messages = [_with_text_content(m) for m in messages]
-        try:  # the same chat renders the same: a GRPO group's episodes start from one prompt
-            key = json.dumps([messages, tools, add_generation_prompt], ensure_ascii=False)
-        except (TypeError, ValueError):
-            key = None
-        known = self._rendered.get(key) if key is not None else None
-        if known is None:
-            known = self._render(messages, tools, add_generation_prompt)
-            if key is not None:
-                if len(self._rendered) >= RENDERED_CHATS_KEPT:
-                    self._rendered.clear()
-                self._rendered[key] = known
+        # the same chat renders the same: a GRPO group's episodes start from one prompt
+        known = _memo(self._rendered, [messages, tools, add_generation_prompt],
+                      lambda: self._render(messages, tools, add_generation_prompt))
         return RenderedChat(ids=list(known.ids), text=known.text, assistant_mask=list(known.assistant_mask))
 
     def _render(self, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool) -> RenderedChat:
@@ -112,17 +120,8 @@ class ChatRenderer:
         """The template's text for a chat with placeholders for texts: chats of one shape (roles, other
         fields, which texts are empty) share it, since placeholders are numbered in order -- every episode
         of a task family, whatever its numbers or words. The real render still checks each chat."""
-        try:
-            key = json.dumps([slotted, tools, add_generation_prompt], ensure_ascii=False)
-        except (TypeError, ValueError):
-            return self._apply_template(slotted, tools, add_generation_prompt)
-        text = self._slotted_texts.get(key)
-        if text is None:
-            text = self._apply_template(slotted, tools, add_generation_prompt)
-            if len(self._slotted_texts) >= RENDERED_CHATS_KEPT:
-                self._slotted_texts.clear()
-            self._slotted_texts[key] = text
-        return text
+        return _memo(self._slotted_texts, [slotted, tools, add_generation_prompt],
+                     lambda: self._apply_template(slotted, tools, add_generation_prompt))
 
     def render_continuation(self, messages: list[Message], new_from: int, tools: list[dict] | None = None, *,
                             reply_closed: bool = True) -> list[int]:
