@@ -40,7 +40,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _with_engines(args: argparse.Namespace, split: str, temperature: float,
                   play: Callable[[RolloutManager, list[Any]], Awaitable[Any]]) -> Any:
-    """Start engines + router for ``args.model``, await ``play(manager, tasks)``, stop everything."""
+    """Read the tasks (a bad file fails here, before any engine starts), start engines + router for
+    ``args.model``, await ``play(manager, tasks)``, stop everything."""
     if args.tasks.endswith(".jsonl"):
         tasks = read_jsonl_tasks(args.tasks)[: args.num_tasks]
     else:
@@ -97,8 +98,6 @@ def eval_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.k < 1:
         p.error(f"--k must be at least 1, got {args.k}")
-    if args.tasks.endswith(".jsonl"):
-        read_jsonl_tasks(args.tasks)  # a bad file is refused before engines start
     from agentrl.rollout.passk import evaluate_passk, headline
 
     result = _with_engines(args, "heldout", 0.0, lambda manager, tasks: evaluate_passk(
