@@ -1,20 +1,10 @@
 """Render a chat to token ids so that ONLY template-inserted control tokens are control tokens.
 
-A chat template renders the whole conversation into one string; tokenizing that string would turn the
-text ``<|im_end|>`` inside a tool result or a user message into the real control token (special-token
-injection). :class:`ChatRenderer` renders the template with a placeholder in place of every message
-text, then tokenizes segment by segment: template text normally, message text with
-``split_special_tokens=True``. Message texts are tokenized on their own, so an assistant reply is
-re-tokenized exactly as it would be canonically sampled after ``<|im_start|>assistant\\n`` — which keeps
-re-tokenization drift to non-canonical samples only.
-
-A template that rewrites message text (e.g. strips reasoning) cannot work with placeholders; for such
-templates the real render is tokenized whole, with each control-token text inside a message escaped
-(tokenized with ``split_special_tokens=True``) — equally injection-safe.
-
-:meth:`ChatRenderer.render_continuation` renders only what follows the reply just sampled (new tool / user
-messages and the generation prompt), for the append-only prompt mode: the next prompt is the held tokens
-plus these, never a re-render of the history.
+:class:`ChatRenderer` renders the template with a placeholder for every message text and tokenizes
+template text normally, message text with ``split_special_tokens=True`` (a template that rewrites message
+text is rendered whole with control-token texts escaped instead); why, and what it means for drift:
+docs/envs.md, "Rendering". :meth:`ChatRenderer.render_continuation` renders only what follows the reply
+just sampled, for the append-only prompt mode.
 """
 
 from __future__ import annotations
