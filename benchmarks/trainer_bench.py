@@ -168,7 +168,8 @@ def count_forwards(trainer, batch) -> tuple[int, int]:
     """(model tokens per forward pass over the batch, forward-equivalents per step: fwd+bwd counts 3)."""
     mbs = trainer._micro_batches(batch)
     tokens = sum(mb.model_tokens.numel() for mb in mbs)
-    passes = 3 + (0 if trainer._old_from_train_forward(1) else 1) + (1 if trainer.ref_model is not None else 0)
+    has_ref = trainer.ref_model is not None or trainer.ref_is_base  # LoRA: the base forward, adapters off
+    passes = 3 + (0 if trainer._old_from_train_forward(1) else 1) + (1 if has_ref else 0)
     return tokens, passes
 
 

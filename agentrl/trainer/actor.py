@@ -26,7 +26,7 @@ from agentrl.trainer.batch import (
     validate_sample,
 )
 from agentrl.trainer.cpu_shims import cuda_to_cpu
-from agentrl.trainer.lora import adapter_tensors, apply_lora, merged_state_dict
+from agentrl.trainer.lora import adapter_tensors, adapters_off, apply_lora, merged_state_dict
 from agentrl.trainer.losses import DistillLoss, kl_in_reward, policy_loss
 from agentrl.trainer.model import (
     build_gpt_model,
@@ -217,7 +217,9 @@ class MegatronTrainer:
         self.optimizer = self._build_optimizer()
         self.scheduler = self._build_scheduler()
         self.ref_model = None
-        if cfg.needs_ref:
+        # LoRA's reference is its frozen base (the initial policy): the policy with its adapters off, no copy
+        self.ref_is_base = cfg.needs_ref and cfg.lora.enabled and cfg.ref_model_dir is None
+        if cfg.needs_ref and not self.ref_is_base:
             ref_dir = cfg.ref_model_dir or self.model_dir
             self.ref_model = self._mixed_precision(self._build(Path(ref_dir) if ref_dir else None))
             if ref_dir is None:
@@ -495,6 +497,9 @@ class MegatronTrainer:
         else:
             old = [mb.rollout_logprobs.to(self.device) for mb in mbs]
         ref = self._logprobs_per_mb(self.ref_model, mbs, True) if self.ref_model is not None else None
+        if self.ref_is_base:
+            with adapters_off(self.gpt):
+                ref = self._logprobs_per_mb(self.model, mbs, True)
         return old, ref
 
     def _credited(self, samples: list[Any], advantages: list[float]) -> tuple[list[Any], float]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -86,6 +87,8 @@ def _lora_modules():
         """Adapters on a column-parallel linear whose local output is ``groups`` blocks, each its parts'
         slices side by side (qkv: per local kv group ``[q, k, v]``; fc1: one block ``[gate, up]``)."""
 
+        active = True  # False inside adapters_off: the linear is its frozen base alone
+
         def __init__(self, sizes: dict[str, int], trained: list[str], groups: int, a_full: dict[str, torch.Tensor],
                      cfg: LoraConfig, dtype: torch.dtype, device: torch.device) -> None:
             super().__init__()
@@ -121,6 +124,8 @@ def _lora_modules():
     class RowLora(nn.Module):
         """The adapter on a row-parallel linear (its input split over the ranks)."""
 
+        active = True
+
         def __init__(self, part: str, out_features: int, a_local: torch.Tensor, cfg: LoraConfig,
                      dtype: torch.dtype, device: torch.device) -> None:
             super().__init__()
@@ -146,6 +151,8 @@ def _lora_modules():
 
 def _add_adapter(module: Any, args: tuple, kwargs: dict, output: tuple) -> tuple:
     """Forward hook: the linear's ``(output, bias)`` plus its adapter's output on the same input."""
+    if not module.lora.active:
+        return output
     x = args[0] if args else kwargs["input_"]
     out, bias = output
     return out + module.lora(x).to(out.dtype), bias
@@ -231,6 +238,22 @@ def _adapted(model: Any) -> Iterator[tuple[str, Any]]:
     for name, module in model.named_modules():
         if hasattr(module, "lora") and hasattr(module, "weight"):
             yield name, module
+
+
+@contextmanager
+def adapters_off(model: Any) -> Iterator[None]:
+    """Inside, every adapter of ``model`` (wrapped or not) adds nothing: the model is its frozen base, which
+    is the initial policy (``B = 0`` at init). LoRA's KL reference is this, not a second copy of the model."""
+    from agentrl.trainer.model import unwrap
+
+    loras = [linear.lora for _, linear in _adapted(unwrap(model))]
+    for lora in loras:
+        lora.active = False
+    try:
+        yield
+    finally:
+        for lora in loras:
+            lora.active = True
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:

@@ -74,3 +74,30 @@ def test_rank_zero_or_none_is_full_fine_tuning():
     for rank in (0, None):
         assert not TrainerConfig(lora={"rank": rank}).lora.enabled
     assert TrainerConfig(lora={"rank": 8, "alpha": 16}).lora.scale == 2.0
+
+
+def test_kl_reference_of_a_random_init_lora_model_is_its_frozen_base():
+    """kl_coef > 0 on a random-init LoRA model: the reference is the policy with its adapters off (no second
+    model; it used to be loaded from the policy's state dict and refused the adapter keys): the same
+    log-probs as a full fine-tune's reference copy of the same init, unchanged by training."""
+    from transformers import Qwen2Config
+
+    from agentrl.trainer.actor import MegatronTrainer
+
+    hf = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = {**CFG, "loss": {"kl_coef": 0.01}}
+    batch = synthetic_samples(n_groups=2, per_group=4, seed=3)
+
+    def reference(t) -> list[torch.Tensor]:
+        return t._behaviour_and_reference(t._micro_batches(batch), True)[1]
+
+    want = reference(MegatronTrainer(None, TrainerConfig(**cfg), hf_config=hf))  # same seed: the same init
+    trainer = MegatronTrainer(None, TrainerConfig(**cfg, lora={"rank": 4}), hf_config=hf)
+    assert trainer.ref_model is None and trainer.ref_is_base
+    # The same forward on the same weights in this process (the adapters add nothing): bitwise
+    assert all(torch.equal(a, b) for a, b in zip(reference(trainer), want, strict=True))
+    first = trainer.train_step(batch)
+    second = trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=4))
+    assert first["kl"] == 0.0 and second["kl"] > 0  # B = 0: the first step's policy is the reference
+    assert all(torch.equal(a, b) for a, b in zip(reference(trainer), want, strict=True))
