@@ -9,7 +9,9 @@ shape); each finished group of ``--group`` episodes is proved (``agentrl.rollout
 
 Reported: ``turns_per_s`` (wall), ``host_cpu_ms_per_turn`` (utime + stime of every process -- this one, the
 smg router, each engine server -- over the timed window, per turn) and per-component CPU ms per turn; with
-``--profile``, the top functions of this process (cProfile). Goal on 2 cores: >= 1,000 turns/s and <= 2 ms.
+``--profile``, the top functions of this process (cProfile); ``gc``: the client process's time in the garbage
+collector (after ``gc.freeze``, as the rollout worker runs; ``--no-gc-freeze`` without). Goal on 2 cores:
+>= 1,000 turns/s and <= 2 ms.
 
     python benchmarks/rollout_host_bench.py --out benchmarks/results/rollout_host_bench.json
 """
@@ -81,6 +83,30 @@ class ComponentClock:
                 self.seconds[component] += time.thread_time() - start
 
         return timed
+
+
+class GcClock:
+    """CPU seconds this process spends in the garbage collector, and its collections per generation, while on
+    (``gc.callbacks``). Informational: a collection runs inside whatever allocated, so it is in the split too."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]  # per generation
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds[info["generation"]] += time.thread_time() - self._started
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
 
 
 def instrument(clock: ComponentClock, renderer, manager) -> None:
@@ -156,8 +182,8 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
 
     async with RolloutClient(url) as client:
         await play(argparse.Namespace(**{**vars(args), "episodes": args.group * 2}), renderer, client, tasks)  # warm
-        if args.gc_freeze:  # what a long-lived rollout worker can do once warm: the heap of torch,
-            gc.collect()     # transformers and the tokenizer is never garbage, yet every full collection walks it
+        if args.gc_freeze:  # what the rollout worker does once set up: the heap of torch, transformers and
+            gc.collect()     # the tokenizer is never garbage, yet every full collection walks it
             gc.freeze()
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         start = time.perf_counter()
@@ -167,14 +193,18 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
 
             profiler = cProfile.Profile()
             profiler.enable()
-        counts = await play(args, renderer, client, tasks)
+        with GcClock() as gc_clock:
+            counts = await play(args, renderer, client, tasks)
         wall = time.perf_counter() - start
         after = {name: cpu_seconds(pid) for name, pid in pids.items()}
         if args.profile:
             profiler.disable()
             stats = pstats.Stats(profiler)
             stats.sort_stats(args.profile_sort).print_stats(args.profile_lines)
+            if args.profile_out:
+                stats.dump_stats(args.profile_out)
     counts["wall_s"] = wall
+    counts["gc"] = {"seconds": gc_clock.seconds, "collections": gc_clock.collections, "frozen": gc.get_freeze_count()}
     counts["cpu_s"] = {name: after[name] - before[name] for name in pids}
     return counts
 
@@ -201,8 +231,12 @@ def report(args, counts: dict, load: tuple) -> dict:
         "cpu_ms_per_turn": {name.strip(): ms for name, ms in per_turn.items()},
         "goals": {"turns_per_s": 1000, "host_cpu_ms_per_turn": 2.0},
         "turns": counts["turns"], "tool_calls": counts["tool_calls"], "episodes": counts["episodes"], "errors": counts["errors"],
+        "gc": {"client_ms_per_turn": round(1000 * sum(counts["gc"]["seconds"]) / max(counts["turns"], 1), 3),
+               "client_ms_per_turn_by_generation": [round(1000 * sec / max(counts["turns"], 1), 3)
+                                                    for sec in counts["gc"]["seconds"]],
+               "collections": counts["gc"]["collections"], "frozen_objects": counts["gc"]["frozen"]},
         "samples": counts["samples"], "proved": counts["proved"], "wall_s": round(counts["wall_s"], 3),
-        "concurrency": args.concurrency, "engines": args.engines,
+        "concurrency": args.concurrency, "engines": args.engines, "gc_freeze": args.gc_freeze,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_before": load,
                     "load_avg_after": os.getloadavg()},
         "command": "python " + " ".join(sys.argv),
@@ -211,6 +245,10 @@ def report(args, counts: dict, load: tuple) -> dict:
     for name, ms in per_turn.items():
         print(f"{name:<56}{ms:>14.3f}")
     print(f"{'total':<56}{out['host_cpu_ms_per_turn']:>14.3f}")
+    gcs = out["gc"]
+    print(f"{'(client in the garbage collector, inside the above)':<56}{gcs['client_ms_per_turn']:>14.3f}"
+          f"   by generation {gcs['client_ms_per_turn_by_generation']}, collections {gcs['collections']}, "
+          f"{gcs['frozen_objects']} objects frozen")
     print(f"turns/s {out['turns_per_s']}  ({counts['turns']} turns, {counts['episodes']} episodes, "
           f"{counts['errors']} errors, {counts['proved']}/{counts['samples']} samples proved, load {load})")
     return out
@@ -223,9 +261,12 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8, help="episodes per proved group (samples_per_prompt)")
     p.add_argument("--engines", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="cProfile this process (the client side) meanwhile")
-    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() this process after the warm-up")
+    p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                   help="gc.freeze() this process after the warm-up, as the rollout worker does after its setup "
+                        "(agentrl.run.actors.freeze_setup_heap); --no-gc-freeze to measure without")
     p.add_argument("--profile-sort", default="tottime", help="pstats sort key (tottime, cumulative, ...)")
     p.add_argument("--profile-lines", type=int, default=25)
+    p.add_argument("--profile-out", type=Path, default=None, help="also write the pstats file here")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     args.episodes -= args.episodes % args.group

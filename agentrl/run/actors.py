@@ -9,6 +9,7 @@ actor returns its samples as an object in Ray's store, and every trainer rank re
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,7 @@ class RolloutWorker:
         self._in_flight: set[asyncio.Task] = set()  # rollouts and evaluations, cancelled by shutdown()
         self._shutting_down = False
         self.manager.start()
+        freeze_setup_heap()
 
     def engine_urls(self) -> list[str]:
         return self.manager.engine_urls
@@ -272,6 +274,16 @@ class RolloutWorker:
             await self.manager.aclose_client()
         finally:
             self.manager.shutdown()
+
+
+def freeze_setup_heap() -> None:
+    """Move every object alive now into the collector's permanent generation (``gc.freeze``): what a worker's
+    setup loaded (torch, transformers, the tokenizer, Ray) is never garbage, yet each full collection walked
+    all of it. Measured on the rollout path (``benchmarks/rollout_host_bench.py``, 2 cores, same minute, load
+    ~7): the client process's full collections cost 0.229 ms a turn, 0.016 frozen; 1.94 -> 1.69 ms host CPU
+    a turn in all. Objects made later are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def remote(cls: type, **options: Any) -> Any:
