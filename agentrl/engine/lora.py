@@ -11,10 +11,15 @@ The base is copied the first time a weight is adapted and kept until a non-adapt
 weights, so each merge starts from the exact base bits, never from the last merge (no drift). A module
 adapted before but missing from an update goes back to its base. The copy costs the adapted weights'
 memory once more; the merge one ``[out, r] @ [r, in]`` product per module per sync.
+
+``/release_memory_occupation`` of the weights moves the copy to the host with them (:meth:`AdapterMerger.release`)
+and resume moves it back. It is kept, never dropped: resume restores the *merged* bits the engine held (no
+write in between, :mod:`agentrl.engine.memory`), so this copy is the only exact base left for the next merge.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -54,11 +59,20 @@ class AdapterMerger:
     def __init__(self) -> None:
         self.base: dict[str, torch.Tensor] = {}
         self.merged_at: int | None = None
+        self.released = False  # the base copy is on the host with the released weights
+        self._lock = threading.Lock()  # merge, release and resume each run in a worker thread
 
     def merge(self, weights: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
               weight_writes: int) -> dict[str, torch.Tensor]:
         """The dense weights for adapter ``tensors`` on the model ``weights`` (HF name -> tensor), which have
         seen ``weight_writes`` writes; checked (names, shapes, finite) before anything is copied."""
+        with self._lock:
+            if self.released:
+                raise WeightUpdateError("weights are released (release_memory_occupation); resume them first")
+            return self._merge(weights, tensors, weight_writes)
+
+    def _merge(self, weights: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
+               weight_writes: int) -> dict[str, torch.Tensor]:
         import torch
 
         if weight_writes != self.merged_at:  # some other write (full, flat, delta) since our merge: a new base
@@ -83,6 +97,28 @@ class AdapterMerger:
         for name in set(self.base) - set(merged):
             merged[name] = self.base[name]
         return merged
+
+    def release(self) -> None:
+        """The engine's weights were released: the base copy goes to the host too, bit for bit (on the CPU it
+        is there already and nothing is freed, as for the weights themselves)."""
+        import torch
+
+        with self._lock:
+            if self.released:
+                return
+            on_device = any(t.device.type != "cpu" for t in self.base.values())
+            self.base = {n: t.to("cpu") for n, t in self.base.items()}
+            self.released = True
+            if on_device and torch.cuda.is_available():
+                torch.cuda.empty_cache()  # a colocated trainer is another process: give the cached blocks back
+
+    def resume(self, device: torch.device | str) -> None:
+        """The weights are back on ``device``: so is the base copy (the next merge starts from it)."""
+        with self._lock:
+            if not self.released:
+                return
+            self.base = {n: t.to(device) for n, t in self.base.items()}
+            self.released = False
 
     def forget(self) -> None:
         """A non-adapter update replaced the weights: they are the next base."""

@@ -277,6 +277,8 @@ class WeightRoutes:
             await asyncio.to_thread(self.engine.release_memory, _tags(body))
         except MemoryStateError as exc:
             return self.fail(str(exc))
+        if "weights" in self.engine.memory_released:  # the LoRA base copy leaves the device with the weights
+            await asyncio.to_thread(self.adapters.release)
         return {"success": True, "message": "Memory released."}
 
     async def resume_memory_occupation(self, request: Request):
@@ -285,6 +287,8 @@ class WeightRoutes:
             await asyncio.to_thread(self.engine.resume_memory, _tags(body))
         except MemoryStateError as exc:
             return self.fail(str(exc))
+        if "weights" not in self.engine.memory_released:
+            await asyncio.to_thread(self.adapters.resume, self.engine.runner.device)
         return {"success": True, "message": "Memory resumed."}
 
 
