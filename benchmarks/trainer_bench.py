@@ -214,6 +214,7 @@ def run_variants(args, variants: list[tuple[str, str, str]]) -> list[dict]:
         rows.append(dict(
             shape=args.shape, device=args.device, dtype=args.dtype, attention=attention, layout=layout,
             behaviour_logprobs=behaviour, batch=args.batch, seq_len=args.seq_len, samples=len(batch),
+            seqs_per_microbatch=args.seqs_per_microbatch, microbatches=args.microbatches,
             real_tokens=real_tokens, model_tokens_per_pass=model_tokens, forward_equivalents=passes,
             world_size=world, tp_size=args.tp_size, kl_coef=args.kl_coef,
             tokens_per_microbatch=args.tokens_per_microbatch, recompute=args.recompute,
@@ -417,8 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp32-logprobs", action="store_true",
                         help="cuda: each log-prob chunk in fp32 torch ops (agentrl.trainer.fused_logprobs off: "
                              "the before of an A/B)")
+    parser.add_argument("--setups", nargs="+", default=None, metavar="LENxSEQSxMB",
+                        help="run each shape in turn in this one process (imports and compiled kernels shared): "
+                             "sequence length x sequences per micro-batch x micro-batches per step, e.g. 2048x4x2 "
+                             "8192x1x8; overrides --seq-len/--seqs-per-microbatch/--microbatches")
     parser.add_argument("--out", default="benchmarks/results/trainer_bench.json")
     args = parser.parse_args(argv)
+    if args.setups:
+        try:
+            setups = [tuple(int(x) for x in s.split("x")) for s in args.setups]
+            assert all(len(s) == 3 and min(s) > 0 for s in setups)
+        except (ValueError, AssertionError):
+            parser.error(f"--setups: {args.setups} are not LENxSEQSxMB triples of positive integers")
+        args.seq_len = max(s[0] for s in setups)  # the model's positions cover the longest
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.seq_len = args.seq_len or (2048 if args.device == "cuda" else 128)
     args.seqs_per_microbatch = args.seqs_per_microbatch or 4
@@ -460,40 +472,16 @@ def main(argv: list[str] | None = None) -> int:
         plain = model_module.transformer_config_from_hf
         model_module.transformer_config_from_hf = lambda *a, **kw: plain(*a, **{**kw, **overrides})
     rows = []
-    for attention in args.attention:
-        variants = [(attention, *v.split(":")) for v in args.variants]
-        for _, layout, behaviour in variants:
-            if layout not in ("auto", "packed", "padded") or behaviour not in ("reuse", "fresh"):
-                parser.error(f"--variants: {layout}:{behaviour} is not layout:behaviour")
-        if attention == "local":  # local attention runs padded only
-            variants = [(a, "padded", b) for a, _, b in variants]
-            variants = list(dict.fromkeys(variants))
-        try:
-            rows.extend(run_variants(args, variants))
-        except Exception as exc:  # e.g. OOM for the local spec at long sequences: report, keep going
-            rows.append(dict(shape=args.shape, attention=attention, error=f"{type(exc).__name__}: {exc}"[:300]))
+    for setup in setups if args.setups else [None]:
+        if setup is not None:
+            args.seq_len, args.seqs_per_microbatch, args.microbatches = setup
+            args.tokens_per_microbatch = args.seq_len * args.seqs_per_microbatch
+        rows.extend(run_attentions(args, parser))
     import os
 
     if int(os.environ.get("RANK", "0")) != 0:
         return 0 if all("error" not in r for r in rows) else 1
-    header = (f"{'shape':<11} {'attn':<5} {'variant':<13} {'dtype':<9} {'tokens':>6} {'model tok':>9} {'step s':>7} "
-              f"{'cpu s':>6} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'of mm':>6} {'peak GiB':>8}")
-    print(header)
-    for r in rows:
-        if "error" in r:
-            print(f"{r['shape']:<11} {r['attention']:<5} ERROR {r['error']}")
-            continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        of_mm = f"{100 * r['mfu_of_matmul_peak']:.1f}%" if r["mfu_of_matmul_peak"] is not None else "n/a"
-        cpu = f"{r['cpu_s']:.3f}" if r["cpu_s"] is not None else "n/a"
-        variant = f"{r['layout']}:{r['behaviour_logprobs']}"
-        print(f"{r['shape']:<11} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
-              f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
-              f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
-        memory = {k.removesuffix("_gib"): round(v, 2) for k, v in r.items() if k.endswith("_gib") and k != "peak_mem_gib"}
-        print(f"  memory GiB: {memory}")
-        if "phases_s" in r:
-            print(f"  phases (s, synced): {r['phases_s']}")
+    print_rows(rows)
     if args.megatron_override:
         for r in rows:
             r["megatron_overrides"] = args.megatron_override
@@ -505,6 +493,53 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def run_attentions(args, parser) -> list[dict]:
+    rows = []
+    for attention in args.attention:
+        variants = [(attention, *v.split(":")) for v in args.variants]
+        for _, layout, behaviour in variants:
+            if layout not in ("auto", "packed", "padded") or behaviour not in ("reuse", "fresh"):
+                parser.error(f"--variants: {layout}:{behaviour} is not layout:behaviour")
+        if attention == "local":  # local attention runs padded only
+            variants = [(a, "padded", b) for a, _, b in variants]
+            variants = list(dict.fromkeys(variants))
+        try:
+            rows.extend(run_variants(args, variants))
+        except Exception as exc:  # e.g. OOM for the local spec at long sequences: report, keep going
+            rows.append(dict(shape=args.shape, attention=attention, seq_len=args.seq_len,
+                             microbatches=args.microbatches, error=f"{type(exc).__name__}: {exc}"[:300]))
+            import gc
+
+            gc.collect()
+            if args.device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    header = (f"{'shape':<11} {'setup':<9} {'attn':<5} {'variant':<13} {'dtype':<9} {'tokens':>6} {'model tok':>9} {'step s':>7} "
+              f"{'cpu s':>6} {'tok/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'of mm':>6} {'peak GiB':>8}")
+    print(header)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:<11} {r.get('seq_len')}x?x{r.get('microbatches')} {r['attention']:<5} ERROR {r['error']}")
+            continue
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        of_mm = f"{100 * r['mfu_of_matmul_peak']:.1f}%" if r["mfu_of_matmul_peak"] is not None else "n/a"
+        cpu = f"{r['cpu_s']:.3f}" if r["cpu_s"] is not None else "n/a"
+        variant = f"{r['layout']}:{r['behaviour_logprobs']}"
+        setup = f"{r['seq_len']}x{r['seqs_per_microbatch']}x{r['microbatches']}"
+        print(f"{r['shape']:<11} {setup:<9} {r['attention']:<5} {variant:<13} {r['dtype']:<9} {r['real_tokens']:>6} "
+              f"{r['model_tokens_per_pass']:>9} {r['step_s']:>7.3f} {cpu:>6} {r['tokens_per_s']:>9.0f} "
+              f"{r['achieved_tflops']:>8.3f} {mfu:>6} {of_mm:>6} {r['peak_mem_gib']:>8.2f}")
+        memory = {k.removesuffix("_gib"): round(v, 2) for k, v in r.items() if k.endswith("_gib") and k != "peak_mem_gib"}
+        print(f"  memory GiB: {memory}")
+        if "phases_s" in r:
+            print(f"  phases (s, synced): {r['phases_s']}")
 
 
 if __name__ == "__main__":
