@@ -471,17 +471,24 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.megatron_override)}
         plain = model_module.transformer_config_from_hf
         model_module.transformer_config_from_hf = lambda *a, **kw: plain(*a, **{**kw, **overrides})
+    import os
+
     rows = []
+    out = Path(args.out)
     for setup in setups if args.setups else [None]:
         if setup is not None:
             args.seq_len, args.seqs_per_microbatch, args.microbatches = setup
             args.tokens_per_microbatch = args.seq_len * args.seqs_per_microbatch
         rows.extend(run_attentions(args, parser))
-    import os
+        if setup is not None and int(os.environ.get("RANK", "0")) == 0:  # each shape's rows as they come (a
+            print_rows(rows[-len(args.attention):])                     # time limit keeps those done)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rows, indent=2))
 
     if int(os.environ.get("RANK", "0")) != 0:
         return 0 if all("error" not in r for r in rows) else 1
-    print_rows(rows)
+    if not args.setups:
+        print_rows(rows)
     if args.megatron_override:
         for r in rows:
             r["megatron_overrides"] = args.megatron_override
@@ -489,7 +496,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and args.device == "cuda":
         first = (args.attention[0], *args.variants[0].split(":"))
         result = {"rows": rows, "profile": profile_step(args, first)}
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return 0 if all("error" not in r for r in rows) else 1
