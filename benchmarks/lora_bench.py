@@ -264,7 +264,10 @@ class _Memory:
                               "peak_since_last_mark_gib": torch.cuda.max_memory_allocated() / GIB,
                               "device_used_gib": (total - free) / GIB}
         torch.cuda.reset_peak_memory_stats()
-        return self.points[label]["allocated_gib"]
+        point = self.points[label]
+        print(f"  memory {label}: allocated {point['allocated_gib']:.2f} GiB, peak since last "
+              f"{point['peak_since_last_mark_gib']:.2f}, device used {point['device_used_gib']:.2f}", flush=True)
+        return point["allocated_gib"]
 
     def peak(self, label: str) -> float:
         return self.points[label]["peak_since_last_mark_gib"]
@@ -285,11 +288,12 @@ def _generate(server: _EngineServer, n: int, prompt_len: int, new_tokens: int, s
             "weight_version": outs[0]["meta_info"].get("weight_version")}
 
 
-def bench_colocate(args) -> dict:
+def bench_colocate(args, save=lambda row: None) -> dict:
     """A LoRA trainer and an engine on one device, as a colocated run cycles them: the engine (loaded with
     the trainer's base weights) generates, releases its memory (``/release_memory_occupation``) while the
     trainer steps, resumes, receives the adapters (``adapter`` sync: merged from its base copy) and generates
-    again. Device memory per component from the deltas at each point, and each phase's peak."""
+    again. Device memory per component from the deltas at each point, and each phase's peak. ``save(row)``
+    after each cycle: what a time limit would otherwise lose."""
     import gc
 
     import torch
@@ -322,8 +326,9 @@ def bench_colocate(args) -> dict:
     try:
         model_dir = timed("write_model_dir_s", _model_dir, trainer, cfg, root)
         gc.collect()
-        server = timed("engine_start_s", lambda: _EngineServer(model_dir, dtype=args.dtype, device=args.device,
-                                                               max_batch_size=max(args.gen_requests, 1)).__enter__())
+        server = timed("engine_start_s", lambda: _EngineServer(
+            model_dir, dtype=args.dtype, device=args.device, max_batch_size=max(args.gen_requests, 1),
+            fused_ops=args.engine_fused_ops).__enter__())
     except BaseException:
         import shutil
 
@@ -370,6 +375,7 @@ def bench_colocate(args) -> dict:
                                   args.new_tokens, step + 1))
                 mem.mark(f"generated_{step}")
                 row["generate_peak_gib"] = max(row["generate_peak_gib"], mem.peak(f"generated_{step}"))
+                save({**row, "timings_s": timings, "partial": f"cycle {step + 1} of {args.steps}"})
     finally:
         server.__exit__(None, None, None)
     row["served_version_after"] = gens[-1]["weight_version"]
@@ -417,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-requests", type=int, default=8, help="with --colocate: concurrent /generate calls")
     parser.add_argument("--prompt-len", type=int, default=512, help="with --colocate")
     parser.add_argument("--new-tokens", type=int, default=32, help="with --colocate")
+    parser.add_argument("--engine-fused-ops", action="store_true",
+                        help="with --colocate: the engine's compiled fused ops and decoder (its CUDA default; off "
+                             "here by default: their compile time, not their memory, is what they change)")
     parser.add_argument("--out", default=None, help="JSON path (default: print only)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -431,8 +440,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     result: dict = {"argv": sys.argv[1:] if argv is None else argv}
     if args.colocate:
+        def save(row: dict) -> None:
+            if args.out:
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps({**result, "colocate": row}, indent=2) + "\n")
+
         try:
-            result["colocate"] = bench_colocate(args)
+            result["colocate"] = bench_colocate(args, save)
         except RuntimeError as err:
             result["colocate"] = {"shape": args.shape, "error": str(err).splitlines()[0][:300],
                                   "peak_gib": peak_gib(args.device)}
