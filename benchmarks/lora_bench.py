@@ -440,15 +440,21 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     result: dict = {"argv": sys.argv[1:] if argv is None else argv}
     if args.colocate:
+        saved: dict = {}
+
         def save(row: dict) -> None:
+            saved.update(row)
             if args.out:
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.out).write_text(json.dumps({**result, "colocate": row}, indent=2) + "\n")
 
         try:
             result["colocate"] = bench_colocate(args, save)
-        except RuntimeError as err:
-            result["colocate"] = {"shape": args.shape, "error": str(err).splitlines()[0][:300],
+        except Exception as err:  # OOM, a refused request: report it (the rows saved so far stay on disk)
+            import traceback
+
+            traceback.print_exc(limit=4)
+            result["colocate"] = {**saved, "shape": args.shape, "error": f"{type(err).__name__}: {err}".splitlines()[0][:300],
                                   "peak_gib": peak_gib(args.device)}
             print(f"colocate: ERROR {result['colocate']['error']}")
         else:
