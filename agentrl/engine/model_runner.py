@@ -134,6 +134,7 @@ class StaticBatchKV(RowBuffers):
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.store: torch.Tensor | None = None  # what keys and values are views of (_allocate)
         self.lengths: list[int] = []
         self.width = 0
         self.generation = 0
@@ -146,16 +147,55 @@ class StaticBatchKV(RowBuffers):
 
         layers, heads, dim = self.shape
         with torch.inference_mode():
-            keys = [torch.zeros((rows, heads, columns, dim), dtype=self.dtype, device=self.device) for _ in range(layers)]
-            values = [torch.zeros_like(k) for k in keys]
+            # one allocation [layers, 2, rows, kv_heads, columns, dim]: a row's KV of every layer (a finished row
+            # into the prefix cache), a gather of rows or a shift of columns is one kernel, not two per layer
+            store = torch.zeros((layers, 2, rows, heads, columns, dim), dtype=self.dtype, device=self.device)
             n, w = len(self.lengths), self.width
-            for old, new in zip(self.keys, keys, strict=False):
-                new[:n, :, :w] = old[:n, :, :w]
-            for old, new in zip(self.values, values, strict=False):
-                new[:n, :, :w] = old[:n, :, :w]
-        self.keys, self.values = keys, values
+            if self.store is not None and n:
+                store[:, :, :n, :, :w] = self.store[:, :, :n, :, :w]
+        self.store = store
+        self.keys, self.values = [store[li, 0] for li in range(layers)], [store[li, 1] for li in range(layers)]
         self.generation = next(_GENERATIONS)
         self.version += 1
+
+    def _move_rows(self, src: list[int], dst: list[int]) -> None:
+        """Copy rows ``src`` onto rows ``dst`` (the occupied columns of every layer, in one gather and one
+        scatter); ``dst`` rows that are not also sources must hold nothing still needed."""
+        import torch
+
+        if not src:
+            return
+        lo = self.width - max(self.lengths[i] for i in src)
+        with torch.inference_mode():
+            span = self.store[:, :, :, :, lo : self.width]
+            span.index_copy_(2, torch.tensor(dst, device=self.device),
+                             span.index_select(2, torch.tensor(src, device=self.device)))
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        moved = [(r, i) for i, r in enumerate(rows) if r != i]
+        self._move_rows([r for r, _ in moved], [i for _, i in moved])
+        self.lengths = [self.lengths[i] for i in rows]
+
+    def remove(self, rows: list[int]) -> list[int]:
+        """Drop ``rows``: each hole is filled by the last remaining row (one row copied per hole, not the
+        batch, as ``cpu_decode.SlotBatchKV.remove``). Returns the old index of every remaining row, in its new
+        order."""
+        drop = set(rows)
+        order = list(range(len(self.lengths)))
+        moves: list[tuple[int, int]] = []  # (from, to)
+        for hole in sorted(drop):
+            while order and order[-1] in drop:
+                order.pop()
+            if hole >= len(order):
+                break
+            moves.append((order.pop(), hole))
+            order[hole] = moves[-1][0]
+        self._move_rows([s for s, _ in moves], [d for _, d in moves])
+        self.lengths = [self.lengths[i] for i in order]
+        self.version += 1
+        if not order:
+            self.width = 0
+        return order
 
     def _shift(self, by: int) -> None:
         """Move every row's tokens ``by`` columns (right if positive); ``width`` follows."""
@@ -168,8 +208,7 @@ class StaticBatchKV(RowBuffers):
             return
         lo = w - max(self.lengths)
         with torch.inference_mode():
-            for buf in (*self.keys, *self.values):
-                buf[:n, :, lo + by : w + by] = buf[:n, :, lo:w].clone()
+            self.store[:, :, :n, :, lo + by : w + by] = self.store[:, :, :n, :, lo:w].clone()
         self.width = w + by
 
     def reserve(self, rows: int, new_lengths: tuple[int, ...] = ()) -> None:
@@ -193,7 +232,8 @@ class StaticBatchKV(RowBuffers):
 
     def row(self, i: int) -> KV:
         n, w = self.lengths[i], self.width
-        return [(k[i, :, w - n : w].clone(), v[i, :, w - n : w].clone()) for k, v in zip(self.keys, self.values, strict=True)]
+        kv = self.store[:, :, i, :, w - n : w].clone()  # [layers, 2, kv_heads, n, dim]: one copy
+        return [(kv[li, 0], kv[li, 1]) for li in range(kv.shape[0])]
 
     def select(self, rows: list[int]) -> StaticBatchKV:
         self._keep_rows(rows)

@@ -29,7 +29,8 @@ def _logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), -1)
 
 
-def test_static_batch_decodes_like_the_padded_batch_through_joins_leaves_and_growth(runners):
+@pytest.mark.parametrize("leave", ["select", "remove"])  # remove: holes filled by the last rows (the scheduler's)
+def test_static_batch_decodes_like_the_padded_batch_through_joins_leaves_and_growth(runners, leave):
     plain, static = runners
     assert isinstance(static.empty_batch(), StaticBatchKV) and isinstance(plain.empty_batch(), BatchKV)
     rng = random.Random(0)
@@ -48,7 +49,12 @@ def test_static_batch_decodes_like_the_padded_batch_through_joins_leaves_and_gro
             tokens += [rng.randrange(3, 1000) for _ in new]
         if step in (12, 40):  # rows leave (the longest first: columns become padding in every row)
             keep = [i for i in range(len(tokens)) if i != 0 and i != len(tokens) - 2]
-            a, b = a.select(keep), b.select(keep)
+            if leave == "remove":
+                keep = b.remove([0, len(tokens) - 2])
+                assert sorted(keep) == [i for i in range(len(tokens)) if i != 0 and i != len(tokens) - 2]
+                a = a.select(keep)
+            else:
+                a, b = a.select(keep), b.select(keep)
             tokens = [tokens[i] for i in keep]
         la, a = plain.decode(a, tokens)
         lb, b = static.decode(b, tokens)
