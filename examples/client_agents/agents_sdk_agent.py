@@ -34,7 +34,9 @@ def build_agent() -> tuple[agents.Agent, dict[str, Any]]:
     @agents.function_tool
     def add(a: int, b: int) -> int:
         """Add two numbers."""
-        return add_numbers(a, b)
+        total = add_numbers(a, b)
+        submitted["used_add"] = True
+        return total
 
     agent = agents.Agent(name="adder", instructions=SYSTEM_PROMPT, tools=[submit, add],
                          model=os.environ.get("OPENAI_MODEL", "agentrl"),  # a name: the default (Responses) model
@@ -42,12 +44,12 @@ def build_agent() -> tuple[agents.Agent, dict[str, Any]]:
     return agent, submitted
 
 
-def play(task: dict[str, Any]) -> Any:
+def play(task: dict[str, Any]) -> dict[str, Any]:
     agent, submitted = build_agent()
     # MaxTurnsExceeded: the model kept calling tools; the episode is over, scored by what it did
     with contextlib.suppress(agents.MaxTurnsExceeded):
         agents.Runner.run_sync(agent, task["prompt"], max_turns=MAX_TURNS)
-    return submitted.get("answer")
+    return {"answer": submitted.get("answer"), "used_add": submitted.get("used_add", False)}
 
 
 if __name__ == "__main__":

@@ -37,9 +37,9 @@ def run_tool(name: str, args: dict[str, Any]) -> tuple[str, Any]:
     return f"Error: unknown tool {name!r}", None
 
 
-def play(client: anthropic.Anthropic, task: dict[str, Any]) -> Any:
+def play(client: anthropic.Anthropic, task: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
-    answer = None
+    answer, used_add = None, False
     for _ in range(MAX_TURNS):
         reply = client.messages.create(model=os.environ.get("ANTHROPIC_MODEL", "agentrl"), max_tokens=64,
                                        system=SYSTEM_PROMPT, tools=TOOLS, messages=messages)
@@ -51,11 +51,12 @@ def play(client: anthropic.Anthropic, task: dict[str, Any]) -> Any:
         for use in uses:
             text, submitted = run_tool(use.name, dict(use.input))
             answer = submitted if submitted is not None else answer
+            used_add = used_add or (use.name == "add" and not text.startswith("Error"))
             results.append({"type": "tool_result", "tool_use_id": use.id, "content": text})
         messages.append({"role": "user", "content": results})
         if answer is not None:
             break
-    return answer
+    return {"answer": answer, "used_add": used_add}
 
 
 if __name__ == "__main__":

@@ -60,18 +60,22 @@ def build_graph(model: Any) -> Any:
     return graph.compile()
 
 
-def submitted_answer(messages: list[Any]) -> Any:
+def outcome(messages: list[Any]) -> dict[str, Any]:
+    """The submitted answer, and whether an ``add`` call ran without error before it."""
+    answer, used_add = None, False
     for message in messages:
+        if isinstance(message, ToolMessage) and message.name == "add" and message.status != "error":
+            used_add = True
         for call in getattr(message, "tool_calls", None) or []:
-            if call["name"] == "submit":
-                return call["args"].get("answer")
-    return None
+            if call["name"] == "submit" and answer is None:
+                answer = call["args"].get("answer")
+    return {"answer": answer, "used_add": used_add}
 
 
-def play(graph: Any, task: dict[str, Any]) -> Any:
+def play(graph: Any, task: dict[str, Any]) -> dict[str, Any]:
     state = graph.invoke({"messages": [SystemMessage(SYSTEM_PROMPT), HumanMessage(task["prompt"])]},
                          {"recursion_limit": 2 * MAX_TURNS + 2})
-    return submitted_answer(state["messages"])
+    return outcome(state["messages"])
 
 
 if __name__ == "__main__":
