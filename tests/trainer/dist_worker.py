@@ -1,4 +1,5 @@
-"""Run by tests/trainer/test_distributed.py under ``torchrun --nproc_per_node 2`` (gloo, CPU).
+"""The ``dist`` part of tests/trainer/two_rank_worker.py (``torchrun --nproc_per_node 2``, gloo, CPU), for
+tests/trainer/test_distributed.py.
 
 One launch checks, in order: TP=2 logits vs HF, TP=2 export of HF tensors, one TP=2 train step; then the
 parallel state is rebuilt as DP=2 and the same step runs again. Rank 0 saves everything to OUT/results.pt.
@@ -70,8 +71,3 @@ def run(model_dirs: list[str], out: Path) -> None:
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")
     dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    run(sys.argv[2:], Path(sys.argv[1]))

@@ -1,4 +1,5 @@
-"""torchrun worker (2 gloo ranks) for test_moe_ep.py: a tiny Qwen3-MoE trained with expert parallelism 2."""
+"""The ``ep`` part of two_rank_worker.py (2 gloo ranks) for test_moe_ep.py: a tiny Qwen3-MoE trained with
+expert parallelism 2."""
 
 from __future__ import annotations
 
@@ -30,7 +31,3 @@ def main(model_dir: str, out: str) -> None:
         torch.save({"local_experts_per_layer": len(local), "logprobs": logprobs, "metrics": metrics,
                     "weights": weights}, out)
     dist.barrier()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

@@ -1,24 +1,20 @@
 """Checkpoints at data-parallel size 2 (two gloo processes under torchrun), resumed at DP=2 and at DP=1.
 
-pytest runs this file's ``__main__`` part under ``torchrun --nproc_per_node 2``; rank 0 saves what it saw
-to ``ROOT/results.pt``, and the tests compare it here (the DP=1 resume runs in the pytest process).
+The session's one ``torchrun --nproc_per_node 2`` launch (conftest.py, two_rank_worker.py) runs
+:func:`_run_worker` as its ``ckpt`` part; rank 0 saves what it saw to ``ROOT/results.pt``, and the tests compare
+it here (the DP=1 resume runs in the pytest process).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-from agentrl.engine.launch import free_port
-
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 LAYOUTS = {"adam": {}, "adam-distributed": {"use_distributed_optimizer": True}}
 
 
@@ -72,24 +68,14 @@ def _run_worker(root: Path, tiny: Path) -> None:
     if dist.get_rank() == 0:
         torch.save(out, root / "results.pt")
     dist.barrier()
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def dp2_run(tmp_path_factory):
+def dp2_run(two_ranks):
     import torch
 
-    from agentrl.models.tiny import make_tiny_model
-
-    root = tmp_path_factory.mktemp("ckpt_dp2")
-    tiny = make_tiny_model(root / "tiny", seed=0)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), __file__, str(root), str(tiny)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return root, tiny, torch.load(root / "results.pt", weights_only=False)
+    root = two_ranks["root"] / "ckpt"
+    return root, two_ranks["tiny"], torch.load(root / "results.pt", weights_only=False)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -117,7 +103,3 @@ def test_dp2_checkpoint_resumes_at_dp1(dp2_run, layout):
         assert got[key] == pytest.approx(want["want"][1][key], rel=1e-5, abs=1e-7), key
     diff = max((w - want["want_weights"][n]).abs().max().item() for n, w in trainer.export_hf_named_tensors())
     assert diff < 1e-6, diff
-
-
-if __name__ == "__main__":
-    _run_worker(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,55 +1,21 @@
-"""TP=2 and DP=2 on two gloo processes (one torchrun launch) agree with TP=1 in this process."""
+"""TP=2 and DP=2 on two gloo processes (the session's one torchrun launch) agree with TP=1 in this process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 from trainer_samples import synthetic_samples
 
-from agentrl.engine.launch import free_port
-
 warnings.filterwarnings("ignore")
-HERE = Path(__file__).parent
-REPO = HERE.parent.parent
-
-
-def _qwen3_untied(path: Path) -> Path:
-    """Untied embeddings (output_layer sharded separately) and q/k norms, head_dim != hidden/heads."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-                      max_position_embeddings=128, tie_word_embeddings=False)
-    torch.manual_seed(2)
-    model = AutoModelForCausalLM.from_config(cfg).to(torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
 
 
 @pytest.fixture(scope="module")
-def dist_results(tmp_path_factory):
-    from agentrl.models.tiny import make_tiny_model
-
-    root = tmp_path_factory.mktemp("dist")
-    tiny = make_tiny_model(root / "tiny", seed=0)
-    qwen3 = _qwen3_untied(root / "qwen3")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HERE / "dist_worker.py"), str(root), str(tiny), str(qwen3)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return tiny, qwen3, torch.load(root / "results.pt", weights_only=False)
+def dist_results(two_ranks):
+    """The ``dist`` part (dist_worker.py) of the session's two-rank launch (conftest.py)."""
+    res = torch.load(two_ranks["root"] / "dist" / "results.pt", weights_only=False)
+    return two_ranks["tiny"], two_ranks["qwen3"], res
 
 
 def test_tp2_logits_match_hf_and_export_is_exact(dist_results):
