@@ -181,6 +181,8 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
     from agentrl.rollout.client import RolloutClient
 
     async with RolloutClient(url) as client:
+        if args.client_http == "aiohttp":  # for comparison: /generate through aiohttp, as before agentrl.rollout.http1
+            client._http1_origin = None
         await play(argparse.Namespace(**{**vars(args), "episodes": args.group * 2}), renderer, client, tasks)  # warm
         if args.gc_freeze:  # what the rollout worker does once set up: the heap of torch, transformers and
             gc.collect()     # the tokenizer is never garbage, yet every full collection walks it
@@ -191,7 +193,8 @@ async def run_timed(args, renderer, url, tasks, pids) -> dict:
             import cProfile
             import pstats
 
-            profiler = cProfile.Profile()
+            # cpu: time.thread_time, so a loaded machine's waits are not charged to whatever ran when preempted
+            profiler = cProfile.Profile(time.thread_time) if args.profile_timer == "cpu" else cProfile.Profile()
             profiler.enable()
         with GcClock() as gc_clock:
             counts = await play(args, renderer, client, tasks)
@@ -237,6 +240,7 @@ def report(args, counts: dict, load: tuple) -> dict:
                "collections": counts["gc"]["collections"], "frozen_objects": counts["gc"]["frozen"]},
         "samples": counts["samples"], "proved": counts["proved"], "wall_s": round(counts["wall_s"], 3),
         "concurrency": args.concurrency, "engines": args.engines, "gc_freeze": args.gc_freeze,
+        "client_http": args.client_http,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_before": load,
                     "load_avg_after": os.getloadavg()},
         "command": "python " + " ".join(sys.argv),
@@ -260,12 +264,15 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--group", type=int, default=8, help="episodes per proved group (samples_per_prompt)")
     p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--client-http", choices=("http1", "aiohttp"), default="http1",
+                   help="the RolloutClient's /generate transport (aiohttp: the one it used before, to compare)")
     p.add_argument("--profile", action="store_true", help="cProfile this process (the client side) meanwhile")
     p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                    help="gc.freeze() this process after the warm-up, as the rollout worker does after its setup "
                         "(agentrl.run.actors.freeze_setup_heap); --no-gc-freeze to measure without")
     p.add_argument("--profile-sort", default="tottime", help="pstats sort key (tottime, cumulative, ...)")
     p.add_argument("--profile-lines", type=int, default=25)
+    p.add_argument("--profile-timer", choices=("wall", "cpu"), default="wall", help="cProfile's clock")
     p.add_argument("--profile-out", type=Path, default=None, help="also write the pstats file here")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()

@@ -12,10 +12,12 @@ the server's message at once (the request itself is wrong); the per-request ``ti
 request on the engine and raises :class:`GenerateTimeoutError`. Cancelling the awaiting task
 (``asyncio.CancelledError``) aborts the request on the engine too.
 
-The hot path uses aiohttp, not httpx: against an instant engine stub on 2 cores, a tuned
-``httpx.AsyncClient`` spent 3-8 ms of CPU per request and reached 45-140 req/s, raw aiohttp 0.45-0.8 ms
-and 300-800 req/s on the same (heavily shared) machine; this client costs what raw aiohttp costs.
-See ``benchmarks/client_bench.py`` and ``benchmarks/results/client_bench.json``.
+The hot path is not httpx, nor aiohttp for ``http://`` URLs: against an instant engine stub on 2 cores, a
+tuned ``httpx.AsyncClient`` spent 3-8 ms of CPU per request and reached 45-140 req/s, raw aiohttp 0.45-0.8 ms
+and 300-800 req/s on the same (heavily shared) machine (``benchmarks/client_bench.py``). ``/generate`` now goes
+through :mod:`agentrl.rollout.http1`, a keep-alive HTTP/1.1 pool that does only what this call needs: in
+``benchmarks/rollout_host_bench.py`` (real smg and engine server, same minutes) the client process's own
+share fell from 0.65-0.78 to 0.40-0.44 ms a turn. aiohttp still serves ``https`` URLs and the abort routes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from agentrl.engine.auth import SECRET_ENV, auth_headers
+from agentrl.rollout.http1 import Http1Pool, HttpConnectionError
 from agentrl.rollout.router import ALL_WORKERS
 from agentrl.trajectory import TurnRecord
 
@@ -157,6 +160,12 @@ class RolloutClient:
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._generate_url = self.base_url + "/generate"
+        # /generate on http:// goes through agentrl.rollout.http1 (a fraction of aiohttp's CPU per request)
+        origin = urllib.parse.urlsplit(self.base_url)
+        self._http1_origin = (origin.hostname, origin.port or 80) if origin.scheme == "http" and origin.hostname else None
+        self._generate_target = (origin.path or "") + "/generate"
+        self._http1: Http1Pool | None = None
+        self._http1_loop: asyncio.AbstractEventLoop | None = None
         self._abort_via_fanout: bool | None = None  # learned on the first abort: engine or smg?
         self.retries = 0  # transient failures retried so far (observability, tests)
         self.return_routed_experts = return_routed_experts
@@ -177,10 +186,21 @@ class RolloutClient:
             )
         return self._session
 
+    def _fast_pool(self) -> Http1Pool:
+        loop = asyncio.get_running_loop()
+        if self._http1 is None or self._http1_loop is not loop:  # as _pool: one per event loop
+            self._http1_loop = loop
+            host, port = self._http1_origin
+            self._http1 = Http1Pool(host, port, max_connections=self.max_connections)
+        return self._http1
+
     async def aclose(self) -> None:
         if self._session is not None and self._session_loop is asyncio.get_running_loop():
             await self._session.close()
         self._session = None
+        if self._http1 is not None and self._http1_loop is asyncio.get_running_loop():
+            self._http1.close()
+        self._http1 = None
 
     async def __aenter__(self) -> RolloutClient:
         self._pool()
@@ -229,8 +249,8 @@ class RolloutClient:
             except TimeoutError as exc:
                 await self._abort_quietly(rid, session_id)
                 raise GenerateTimeoutError(f"/generate rid={rid} exceeded {self.timeout:g} s") from exc
-            except (aiohttp.ClientError, _Transient) as exc:
-                # ClientError covers refused/reset connections and bodies cut short by a dying engine.
+            except (aiohttp.ClientError, HttpConnectionError, _Transient) as exc:
+                # refused/reset connections and bodies cut short by a dying engine
                 if attempt >= self.max_retries:
                     raise GenerateRetriesExhausted(
                         f"/generate rid={rid} failed {attempt + 1} times: {exc!r}") from exc
@@ -249,9 +269,12 @@ class RolloutClient:
                                          f"{str(answer)[:500]}") from exc
 
     async def _post_generate(self, payload: bytes, headers: dict[str, str]) -> Any:
-        async with self._pool().post(self._generate_url, data=payload, headers=headers) as resp:
-            raw = await resp.read()
-            status = resp.status
+        if self._http1_origin is not None:
+            status, raw = await self._fast_pool().post(self._generate_target, payload, headers)
+        else:
+            async with self._pool().post(self._generate_url, data=payload, headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
         if status == 200:
             try:
                 return json.loads(raw)
