@@ -11,9 +11,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT
+from agentrl.trajectory.provenance import CONTEXT, MODEL, PROMPT, REALIGNED_PROMPT, Provenance
 from agentrl.trajectory.records import TurnRecord
 from agentrl.trajectory.sample import Sample
+
+_INT = {int}
 
 
 class ProvenanceError(ValueError):
@@ -154,6 +156,65 @@ def _check_routing(sample: Sample, rec: TurnRecord, turn: int, i: int, trained: 
         raise ProvenanceError(f"routed experts {got!r} but turn {turn} recorded {want!r} for this token", i)
 
 
+def _expected_runs(replay: _Replay, k: int, a: int, b: int, rs: int) -> list[tuple]:
+    """The provenance the replay gives tokens ``[a, b)``, all owned by merged turn ``k``, as runs: the rule of
+    :func:`_source` (prompt, then realigned / context below the turn's prompt length, then model split by
+    the versions that drew the outputs) at run granularity."""
+    rec, turn = replay.recs[k], replay.order[k]
+    plen = len(rec.prompt_ids)
+    previous = len(replay.full[k - 1]) if k > 0 else 0
+    cuts = [(min(b, rs), PROMPT), (min(b, plen, previous), REALIGNED_PROMPT), (min(b, plen), CONTEXT)]
+    runs, lo = [], a
+    for hi, source in cuts:
+        if hi > lo:
+            runs.append((lo, hi, source, turn, None))
+            lo = hi
+    for start, end, version in rec.version_runs():
+        start, end = max(lo, plen + start), min(b, plen + end)
+        if end > start:
+            runs.append((start, end, MODEL, turn, version))
+    return runs
+
+
+def _verified_by_runs(sample: Sample, replay: _Replay) -> set[int] | None:
+    """What the token walk (:func:`_check_token` on every token) proves, checked a run at a time with C-level
+    slice compares: the merged turns with a trained token, or None when anything differs or is unusual
+    (then the walk runs and names the first offending token). Never accepts what the walk refuses."""
+    prov, tokens, n, rs = sample.provenance, sample.tokens, len(sample.tokens), sample.response_start
+    if (not isinstance(prov, Provenance) or sample.routed_experts is not None
+            or not set(map(type, tokens)) <= _INT or not set(map(type, sample.loss_mask)) <= _INT):
+        return None
+    expected: list[tuple] = []
+    trained: set[int] = set()
+    for k, rec in enumerate(replay.recs):
+        a, b = replay.divergences[k], min(n, replay.later_min[k])  # the tokens turn k owns
+        if b <= a:
+            continue
+        if tuple(tokens[a:b]) != replay.full[k][a:b]:
+            return None
+        plen = len(rec.prompt_ids)
+        cut = plen < replay.later_min[k] < plen + len(rec.output_ids)
+        for run in _expected_runs(replay, k, a, b, rs):
+            lo, hi = max(run[0], rs), run[1]
+            if expected and expected[-1][2:] == run[2:]:
+                run = (expected.pop()[0], *run[1:])
+            expected.append(run)
+            if hi <= lo:
+                continue
+            is_trained = run[2] == MODEL and not cut
+            mask, lps = sample.loss_mask[lo - rs : hi - rs], sample.rollout_logprobs[lo - rs : hi - rs]
+            if mask != [int(is_trained)] * (hi - lo):
+                return None
+            if is_trained and rec.output_logprobs:
+                if lps != list(rec.output_logprobs[lo - plen : hi - plen]):
+                    return None
+            elif lps != [0.0] * (hi - lo):
+                return None
+            if is_trained:
+                trained.add(k)
+    return trained if list(prov.runs) == expected else None
+
+
 def _check_trained_context(sample: Sample, replay: _Replay, k: int) -> None:
     """Invariant 1 stated directly: trained turn ``k``'s whole left context is what the engine saw."""
     tokens, n = sample.tokens, len(sample.tokens)
@@ -179,7 +240,9 @@ def verify(sample: Sample, turns: Sequence[TurnRecord] | Mapping[int, TurnRecord
     _check_lengths(sample)
     order, recs = _merged_turns(sample, turns)
     replay = _replay(sample, order, recs)
-    trained = {replay.owner[i] for i in range(len(sample.tokens)) if _check_token(sample, replay, i)}
+    trained = _verified_by_runs(sample, replay)
+    if trained is None:  # something differs: the token walk finds (and names) it
+        trained = {replay.owner[i] for i in range(len(sample.tokens)) if _check_token(sample, replay, i)}
     for k in sorted(trained):
         _check_trained_context(sample, replay, k)
 

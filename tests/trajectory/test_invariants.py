@@ -191,3 +191,37 @@ def test_logprobs_are_exact_floats_after_json_round_trip():
     )
     (s,) = manager.get_trajectory("s")
     assert Sample.from_json(s.to_json()).rollout_logprobs == lps
+
+
+def _walk_and_runs(sample, turns):
+    """verify()'s two provers on one sample: the token walk's trained turns (or its error) and the run check's."""
+    import importlib
+
+    verify_module = importlib.import_module("agentrl.trajectory.verify")  # the package's ``verify`` is the function
+
+    order, recs = verify_module._merged_turns(sample, turns)
+    replay = verify_module._replay(sample, order, recs)
+    by_runs = verify_module._verified_by_runs(sample, replay)
+    try:
+        walked = {replay.owner[i] for i in range(len(sample.tokens)) if verify_module._check_token(sample, replay, i)}
+    except ProvenanceError as exc:
+        walked = exc
+    return walked, by_runs
+
+
+@SETTINGS
+@given(st.data())
+def test_the_run_check_accepts_every_emitted_sample_and_no_corruption(data):
+    """verify()'s fast path (a run at a time) agrees with its token walk: it proves every sample the manager
+    emits, with the same trained turns, and refuses every single-token corruption (the walk then names it)."""
+    _, session, samples, _ = _run(data)
+    for s in samples:
+        walked, by_runs = _walk_and_runs(s, session.turns)
+        assert by_runs is not None and by_runs == walked
+    candidates = [s for s in samples if s.tokens]
+    bad, _, kind = _corrupt(data, data.draw(st.sampled_from(candidates), label="sample"), len(session.turns))
+    try:
+        walked, by_runs = _walk_and_runs(bad, session.turns)
+    except ProvenanceError:  # refused before either prover (metadata, layout)
+        return
+    assert isinstance(walked, ProvenanceError) and by_runs is None, kind
