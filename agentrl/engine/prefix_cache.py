@@ -43,6 +43,9 @@ class PrefixCache:
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        # the entries by first token: only those can share a prefix with a sequence (a lookup or insert then
+        # scans them alone; unrelated prompts cost nothing)
+        self._by_first: dict[int, dict[tuple[int, ...], _Entry]] = {}
         self._tokens = 0
         self._lock = threading.Lock()
 
@@ -60,9 +63,7 @@ class PrefixCache:
         key = tuple(tokens)
         best_len, best = 0, None
         with self._lock:
-            for entry in self._entries.values():
-                if entry.tokens[0] != key[0]:
-                    continue
+            for entry in self._by_first.get(key[0], {}).values():
                 n = min(common_prefix_len(entry.tokens, key), max_len)
                 if n > best_len:
                     best_len, best = n, entry
@@ -81,18 +82,24 @@ class PrefixCache:
         key = tuple(tokens)
         with self._lock:
             # drop entries that this one extends (their KV is a slice of ours)
-            for old in [e for e in self._entries.values() if len(e.tokens) <= n and key[: len(e.tokens)] == e.tokens]:
+            same_first = self._by_first.get(key[0], {})
+            for old in [e for e in same_first.values() if len(e.tokens) <= n and key[: len(e.tokens)] == e.tokens]:
                 self._remove(old.tokens)
-            self._entries[key] = _Entry(key, kv)
+            self._entries[key] = self._by_first.setdefault(key[0], {})[key] = _Entry(key, kv)
             self._tokens += n
             while self._tokens > self.max_tokens:
                 self._remove(next(iter(self._entries)))
 
     def _remove(self, key: tuple[int, ...]) -> None:
         entry = self._entries.pop(key)
+        same_first = self._by_first[key[0]]
+        del same_first[key]
+        if not same_first:
+            del self._by_first[key[0]]
         self._tokens -= len(entry.tokens)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._by_first.clear()
             self._tokens = 0
