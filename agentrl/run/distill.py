@@ -9,7 +9,8 @@ text) gets no target. The targets ride in ``Sample.metadata["teacher_logprobs"]`
 (:func:`agentrl.trainer.losses.distill_policy_loss`) mixes the per-token reverse KL with the task reward.
 
 The step row gets ``distill/seconds``, ``distill/student_tokens`` (tokens scored), ``distill/requests`` and
-``distill/reverse_kl`` (the sampled reverse KL at sampling time: mean of rollout minus teacher log-prob).
+``distill/reverse_kl`` (the sampled reverse KL at sampling time: mean of rollout minus teacher log-prob) and
+``distill/reverse_kl_max`` (its largest single token: the heavy tail that dominates a step's gradient).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from agentrl.trajectory import MODEL, Sample
 class DistillSettings(Settings):
     teacher: str = Field(description="local HF model dir of the teacher (the student's tokenizer)")
     coef: float = Field(1.0, ge=0, allow_inf_nan=False, description="weight of the per-token reverse KL beside the task reward")
+    reward_coef: float = Field(1.0, ge=0, allow_inf_nan=False,
+                               description="weight of the task reward's advantage (0: pure distillation, the teacher alone)")
+    clip: float | None = Field(None, gt=0, allow_inf_nan=False,
+                               description="cap of each token's |teacher - student| log-prob gap (null: none)")
     mode: Literal["reverse_kl", "advantage"] = Field(
         "advantage", description="advantage: teacher minus student log-prob joins each token's advantage (clipped "
                                  "like it); reverse_kl: the reverse KL's gradient as a loss term of its own")
@@ -43,7 +48,7 @@ class DistillSettings(Settings):
         return str(Path(check_model_dir(path, "distill.teacher")).resolve())
 
     def loss(self) -> DistillLoss:
-        return DistillLoss(coef=self.coef, mode=self.mode)
+        return DistillLoss(coef=self.coef, mode=self.mode, reward_coef=self.reward_coef, clip=self.clip)
 
 
 def student_positions(sample: Sample) -> list[int]:
@@ -96,7 +101,8 @@ class TeacherWorker:
                 if s.rollout_logprobs for t, lp in zip(p, lps, strict=True)]
         return scored, {**metrics, "distill/seconds": time.perf_counter() - started,
                         "distill/student_tokens": float(sum(map(len, positions))), "distill/requests": float(len(chunks)),
-                        "distill/reverse_kl": sum(gaps) / len(gaps) if gaps else 0.0}
+                        "distill/reverse_kl": sum(gaps) / len(gaps) if gaps else 0.0,
+                        "distill/reverse_kl_max": max(gaps, default=0.0)}
 
     async def _request(self, url: str, samples: list[Sample], positions: list[list[int]]) -> list[list[float]]:
         body = {"input_ids": [list(s.tokens) for s in samples], "positions": positions, "temperature": self.temperature}

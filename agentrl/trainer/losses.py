@@ -349,21 +349,25 @@ def teacher_targets(samples: Sequence[Any], width: int) -> tuple[torch.Tensor, t
 
 @dataclass(frozen=True)
 class DistillLoss:
-    """On-policy distillation's share of the loss: ``coef`` and ``mode`` (:func:`distill_policy_loss`)."""
+    """On-policy distillation's share of the loss: ``coef``, ``mode`` and the task advantage's weight
+    ``reward_coef`` (:func:`distill_policy_loss`)."""
 
     coef: float
     mode: DistillMode
+    reward_coef: float = 1.0
+    clip: float | None = None
 
     def bind(self, samples: Sequence[Any], width: int) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         """:func:`policy_loss`'s signature, distilling toward the teacher targets of ``samples`` (a micro-batch's rows)."""
         teacher, present = teacher_targets(samples, width)
         return functools.partial(distill_policy_loss, teacher_logprobs=teacher, teacher_mask=present,
-                                 coef=self.coef, mode=self.mode)
+                                 coef=self.coef, mode=self.mode, reward_coef=self.reward_coef, clip=self.clip)
 
 
 def distill_policy_loss(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
-    *, teacher_logprobs: torch.Tensor, teacher_mask: torch.Tensor, coef: float, mode: DistillMode, **kwargs: Any,
+    *, teacher_logprobs: torch.Tensor, teacher_mask: torch.Tensor, coef: float, mode: DistillMode,
+    reward_coef: float = 1.0, clip: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """:func:`policy_loss` with per-token reverse KL to a teacher, on the tokens ``teacher_mask`` marks.
 
@@ -371,21 +375,35 @@ def distill_policy_loss(
     each token's task advantage, through the clip and importance weights. ``reverse_kl``: the task loss plus
     ``coef`` x the sampled reverse KL's score-function surrogate ``sg(lp - lp_teacher) * lp``, whose gradient
     is ``(lp - lp_teacher) grad lp``, that of KL(student || teacher) on the student's own samples (the KL
-    itself, differentiated through ``lp`` alone, would have zero expected gradient). Metrics add
-    ``distill_reverse_kl`` (the mean of ``old - teacher`` over trained tokens, 0 where no target) and
-    ``distill_target_fraction`` (trained tokens with a teacher target)."""
+    itself, differentiated through ``lp`` alone, would have zero expected gradient). The task advantages are
+    weighted by ``reward_coef`` first (0: pure distillation, the teacher's signal alone). ``clip`` caps each token's
+    teacher-minus-student gap to ``[-clip, clip]`` before ``coef`` (the sampled reverse KL is heavy-tailed: at a
+    low temperature one token's gap can be tens of nats, and it then sets the whole step's direction). Metrics add
+    ``distill_reverse_kl`` (the mean of ``old - teacher`` over trained tokens, 0 where no target),
+    ``distill_target_fraction`` (trained tokens with a teacher target), and the two signals' sizes per trained
+    token: ``distill_teacher_adv_abs`` (mean ``|coef x (teacher - old)|``, after the clip), ``distill_task_adv_abs``
+    (mean ``|reward_coef x advantage|``); with ``clip``, ``distill_clipped_fraction`` (trained tokens capped)."""
     target = teacher_mask.to(logprobs.dtype) * mask.to(logprobs.dtype)
-    teacher_minus_student = (teacher_logprobs - old_logprobs).detach() * target
+    gap = (teacher_logprobs - old_logprobs).detach()
+    teacher_minus_student = gap * target
+    if clip is not None:
+        teacher_minus_student = gap.clamp(-clip, clip) * target
+    per_token = advantages[:, None].expand_as(logprobs) if advantages.dim() == 1 else advantages
+    if reward_coef != 1.0:
+        per_token = reward_coef * per_token
     if mode == "advantage":
-        per_token = advantages[:, None].expand_as(logprobs) if advantages.dim() == 1 else advantages
         loss, metrics = policy_loss(logprobs, old_logprobs, per_token + coef * teacher_minus_student, mask, cfg, **kwargs)
     elif mode == "reverse_kl":
-        loss, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, cfg, **kwargs)
+        loss, metrics = policy_loss(logprobs, old_logprobs, per_token, mask, cfg, **kwargs)
         surrogate = -teacher_minus_student * logprobs
         loss = loss + coef * reduce_tokens(surrogate, mask, cfg.normalization, n_tokens=kwargs.get("n_tokens"),
                                            n_seqs=kwargs.get("n_seqs"))
     else:
         raise ValueError(f"unknown distill mode {mode!r} (reverse_kl, advantage)")
-    metrics["distill_reverse_kl"] = reduce_tokens(-teacher_minus_student, mask)
+    metrics["distill_reverse_kl"] = reduce_tokens(-gap * target, mask)
+    if clip is not None:
+        metrics["distill_clipped_fraction"] = reduce_tokens((gap.abs() > clip).to(target.dtype) * target, mask)
     metrics["distill_target_fraction"] = reduce_tokens(target, mask)
+    metrics["distill_teacher_adv_abs"] = reduce_tokens((coef * teacher_minus_student).abs(), mask)
+    metrics["distill_task_adv_abs"] = reduce_tokens(per_token.detach().abs(), mask)
     return loss, metrics
