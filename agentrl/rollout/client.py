@@ -29,7 +29,6 @@ import os
 import random
 import time
 import urllib.parse
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,7 +226,7 @@ class RolloutClient:
             raise ValueError("input_ids must not be empty")
         if sampling_params and sampling_params.get("n", 1) != 1:
             raise ValueError("generate() samples one continuation per call: sampling_params['n'] must be 1")
-        base_rid = rid or uuid.uuid4().hex
+        base_rid = rid or os.urandom(16).hex()  # uuid4's 128 random bits without its per-call object work
         body: dict[str, Any] = {"input_ids": prompt, "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": True, "rid": base_rid}
         if self.return_routed_experts:

@@ -239,11 +239,16 @@ class TurnRecord:
         pairs = meta.get("output_token_logprobs") or []
         if len(pairs) != len(output_ids):
             raise ValueError(f"{len(pairs)} log-probs for {len(output_ids)} output tokens")
-        for i, ((_, token_id, *_), out_id) in enumerate(zip(pairs, output_ids, strict=True)):
-            if token_id is not None and token_id != out_id:
-                raise ValueError(
-                    f"meta_info.output_token_logprobs token ids differ from output_ids at {i}: {token_id} != {out_id}"
-                )
+        try:  # one C-level compare in the common case; the walk below explains any difference
+            same = [p[1] for p in pairs] == (output_ids if type(output_ids) is list else list(output_ids))
+        except (TypeError, IndexError, KeyError):
+            same = False
+        if not same:
+            for i, ((_, token_id, *_), out_id) in enumerate(zip(pairs, output_ids, strict=True)):
+                if token_id is not None and token_id != out_id:
+                    raise ValueError(
+                        f"meta_info.output_token_logprobs token ids differ from output_ids at {i}: {token_id} != {out_id}"
+                    )
         finish = meta.get("finish_reason")
         if isinstance(finish, Mapping):
             finish = finish.get("type")
@@ -255,7 +260,7 @@ class TurnRecord:
         return cls(
             prompt_ids=tuple(prompt_ids),
             output_ids=tuple(output_ids),
-            output_logprobs=tuple(p[0] for p in pairs),
+            output_logprobs=tuple([p[0] for p in pairs]),
             finish_reason="unknown" if finish is None else str(finish),
             weight_version=None if weight_version is None else str(weight_version),
             routed_experts=None if routed is None else routed,

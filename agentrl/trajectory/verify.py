@@ -1,8 +1,10 @@
 """``verify``: re-prove a sample's invariants from the turn records alone.
 
-Written independently of the manager's layout code: it replays the merge token by token from
-``sample.metadata["turns"]`` and the :class:`TurnRecord` s, and checks every token id, loss-mask bit,
-log-prob and provenance entry. The first offending token is named in :class:`ProvenanceError`.
+Written independently of the manager's layout code: it replays the merge from ``sample.metadata["turns"]``
+and the :class:`TurnRecord` s, and checks every token id, loss-mask bit, log-prob and provenance entry
+(each model token at the weight version that drew it). It checks a stretch of tokens at a time with
+C-level compares; where anything differs, a token-by-token walk names the first offending token in
+:class:`ProvenanceError`.
 """
 
 from __future__ import annotations
