@@ -139,6 +139,16 @@ def test_slot_routes_of_responses_and_messages_need_an_open_episode(tmp_path) ->
             wrong = anthropic.AsyncAnthropic(base_url=f"{agents.url}/agents/0", api_key="guess", max_retries=0)
             with pytest.raises(anthropic.AuthenticationError):
                 await wrong.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+            # A malformed body under a slot path: 400 in the route's own protocol, before any episode lookup.
+            import httpx
+
+            async with httpx.AsyncClient(trust_env=False, headers={"x-api-key": agents.api_key}) as raw:
+                bad = await raw.post(f"{agents.url}/agents/0/v1/messages", json={"model": "m", "max_tokens": "many",
+                                                                               "messages": []})
+                assert bad.status_code == 400 and bad.json()["type"] == "error", bad.text
+                assert "max_tokens" in bad.json()["error"]["message"]
+                bad = await raw.post(f"{agents.url}/agents/0/v1/responses", json={"model": "m", "input": 7})
+                assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
         finally:
             await agents.stop()
 
