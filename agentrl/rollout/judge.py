@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrl.envs.environment import Environment, maybe_await
 from agentrl.settings import Settings
+from agentrl.trajectory.sample import REWARD_LIMIT
 
 TEMPLATE_FIELDS = ("task", "conversation", "answer")
 DEFAULT_TEMPLATE = ("Grade the assistant's final answer to the task.\nTask: {task}\nConversation:\n{conversation}\n"
@@ -88,6 +89,8 @@ class JudgeSettings(Settings):
     def _range(self) -> JudgeSettings:
         if self.score_min >= self.score_max:
             raise ValueError(f"score_min {self.score_min} must be below score_max {self.score_max}")
+        if max(abs(self.score_min), abs(self.score_max)) > REWARD_LIMIT:  # a verdict must be a reward the trainer holds
+            raise ValueError(f"score_min and score_max must be within ±{REWARD_LIMIT:g} (the reward limit)")
         return self
 
 

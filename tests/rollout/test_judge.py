@@ -161,6 +161,7 @@ def test_no_verdict_is_a_judge_error(reply, kw) -> None:
     ({"prompt_template": "{}"}, "not among"), ({"pattern": "(a)(b)"}, "exactly one group"),
     ({"pattern": "("}, "not a regular expression"), ({"score_min": 1.0, "score_max": 1.0}, "below score_max"),
     ({"model": "/no/such/dir"}, "is not a directory"), ({"batch_size": 0}, "batch_size"),
+    ({"verdict": "score", "score_max": 1e39}, "reward limit"), ({"score_min": -1e308}, "reward limit"),
 ])
 def test_bad_settings_are_refused_at_load(kw, fragment) -> None:
     with pytest.raises(ValueError, match=fragment):
