@@ -47,6 +47,10 @@ _RID_NUMBERS = itertools.count()
 # Sequences admitted together without a cached past that share at least this many leading tokens prefill
 # them once (Scheduler._share_prefix, decoders with their own prefill only).
 SHARED_PREFIX_MIN_TOKENS = 16
+# With the runner's fused prefill (new sequences only), a cached prefix shorter than this is not used: it would
+# save a few tokens of the fast prefill for the row's run through transformers' forward (random prompts over a
+# warm cache hit one or two tokens: issue 40's server runs sent whole admissions down that path).
+MIN_CACHED_PREFIX_TOKENS = 16
 # Rows a decode step runs at most (--max-batch-size): the one declaration of the engine's batch size, also
 # the rollout's default episodes in flight per engine (rollout.settings.EPISODES_PER_ENGINE).
 MAX_BATCH_SIZE = 64
@@ -305,6 +309,8 @@ class Scheduler:
                 seq = self.waiting[0]
                 tokens = seq.all_tokens()
                 cached_len, past = self.prefix_cache.lookup(tokens, len(tokens) - 1)
+                if past is not None and cached_len < MIN_CACHED_PREFIX_TOKENS and self._fused_prefill():
+                    cached_len, past = 0, None  # saves a few tokens of a fast prefill for a slow one
                 if admitted and new_tokens + len(tokens) - cached_len > self.max_prefill_tokens:
                     break
                 self.waiting.popleft()
@@ -321,15 +327,16 @@ class Scheduler:
         prefill_into = getattr(self.decoder, "prefill_into", None)
         if prefill_into is not None:  # the decoder writes the new rows' KV into its batch itself
             logits = prefill_into(self.batch, self._share_prefix(items))
+            first_tokens, logprobs = self._sample(logits, seqs)
+            self._keep_routing(seqs)
+            kvs_parts = []
         else:
-            logits, kvs = self.runner.prefill(items)
-        first_tokens, logprobs = self._sample(logits, seqs)
+            seqs, first_tokens, logprobs, kvs_parts = self._prefill(admitted)
         with self._cond:
             self.running.extend(seqs)
             self.admitting = []
-        if prefill_into is None:
+        for kvs in kvs_parts:
             self.batch = self.batch.extend(kvs)
-        self._keep_routing(seqs)
         version = self._weight_version()
         for seq, tok, lp in zip(seqs, first_tokens, logprobs, strict=True):
             seq.weight_version = version
@@ -344,6 +351,33 @@ class Scheduler:
         self.admit_seconds += 0.3 * (took - self.admit_seconds)
         if self.trace is not None:
             self.trace.append(("admit", began, took, len(seqs)))
+
+    def _fused_prefill(self) -> bool:
+        return bool(getattr(self.runner, "fused_prefill", False))
+
+    def _prefill(self, admitted: list[tuple[Sequence, list[int], Any]]) -> tuple[list[Sequence], list[int], list[float],
+                                                                              list[Any]]:
+        """The runner's prefill of ``admitted``; with a prefill of its own for new sequences (``fused_prefill``),
+        those with a cached past run apart (one past would send the whole group through transformers' slower
+        forward). Returns the sequences in the order their rows join, their first tokens and log-probs, and
+        the KV of each group, to extend the batch with in that order."""
+        groups = [admitted]
+        if self._fused_prefill():
+            groups = [g for g in ([a for a in admitted if a[2] is None], [a for a in admitted if a[2] is not None]) if g]
+        seqs: list[Sequence] = []
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        parts = []
+        for group in groups:
+            group_seqs = [seq for seq, _, _ in group]
+            logits, kvs = self.runner.prefill([(toks, past) for _, toks, past in group])
+            drawn, lps = self._sample(logits, group_seqs)
+            self._keep_routing(group_seqs)
+            seqs += group_seqs
+            tokens += drawn
+            logprobs += lps
+            parts.append(kvs)
+        return seqs, tokens, logprobs, parts
 
     def _share_prefix(self, items: list[tuple[list[int], Any]]) -> list[tuple[list[int], Any]]:
         """``items`` where the sequences without a cached past that start alike (a system prompt, a group's

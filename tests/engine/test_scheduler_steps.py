@@ -57,8 +57,10 @@ def _sequence(prompt: list[int], new_tokens: int) -> Sequence:
 
 def _run(engine, seqs: list[Sequence]) -> dict:
     before = engine.scheduler.stats()
+    engine.scheduler.pause("in_place")  # all join in one admission, whatever the worker thread's timing
     for seq in seqs:
         engine.scheduler.submit(seq)
+    engine.scheduler.resume()
     assert all(seq.done.wait(60) for seq in seqs)
     after = engine.scheduler.stats()
     return {k: after[k] - before[k] for k in after}
@@ -77,3 +79,39 @@ def test_a_steady_batch_costs_one_replay_and_one_collect_per_step_and_no_input_w
     again = _run(engine, [_sequence([2, *p[1:]], 24) for p in prompts])
     assert again["runner_captures"] == 0 and again["runner_input_writes"] <= 1
     assert again["runner_graph_steps"] == again["decode_steps"] == 23
+
+
+def test_with_a_fused_prefill_cached_rows_prefill_apart_and_a_short_cached_prefix_is_not_used(engine, hf_model,
+                                                                                             hf_logprobs):
+    """A runner with its own prefill for new sequences (``fused_prefill``, CUDA) gets them in one call and the
+    rows with a cached past in another (one past would send the whole group through transformers' forward);
+    a cached prefix under MIN_CACHED_PREFIX_TOKENS is not used (random prompts hit one token of a warm cache).
+    The rows' log-probs are still the plain forward's (fp32, tolerance: summation order)."""
+    from agentrl.engine.scheduler import MIN_CACHED_PREFIX_TOKENS
+
+    runner = engine.runner
+    calls: list[list[bool]] = []
+    plain = runner.prefill
+
+    def prefill(items):  # records which rows had a past; the CPU runner's own prefill computes them
+        calls.append([past is not None for _, past in items])
+        runner.fused_prefill = False
+        try:
+            return plain(items)
+        finally:
+            runner.fused_prefill = True
+
+    runner.prefill, runner.fused_prefill = prefill, True
+    engine.start()
+    first = [1] + list(range(100, 140))
+    _run(engine, [_sequence(first, 4)])
+    follow = _sequence(first + [7, 8, 9], 4)  # extends a cached row: a long hit
+    other = _sequence([1, 3] + list(range(300, 330)), 4)  # shares one token with it: a short hit
+    fresh = _sequence([2] + list(range(500, 520)), 4)
+    calls.clear()
+    _run(engine, [follow, other, fresh])
+    assert sorted(calls) == [[False, False], [True]]
+    assert follow.cached_tokens >= MIN_CACHED_PREFIX_TOKENS and other.cached_tokens == 0
+    for seq in (follow, other, fresh):
+        ref = hf_logprobs(hf_model, seq.prompt_ids, seq.output_ids)
+        assert max(abs(a - b) for a, b in zip(seq.output_logprobs, ref, strict=True)) < 1e-4
