@@ -111,7 +111,9 @@ def test_no_clip_is_the_loss_as_before_bitwise() -> None:
 
 def test_clip_setting_reaches_the_loss(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    assert DistillSettings(teacher=str(tmp_path), clip=2.5).loss().clip == 2.5
+    capped = DistillSettings(teacher=str(tmp_path), clip=2.5).loss()
+    assert capped.clip == 2.5
+    assert capped.bind([{"tokens": [1, 2, 3], "response_start": 1, "metadata": {}}], 3).keywords["clip"] == 2.5
     assert DistillSettings(teacher=str(tmp_path)).loss().clip is None
     with pytest.raises(ValidationError, match="clip"):
         DistillSettings(teacher=str(tmp_path), clip=0.0)
