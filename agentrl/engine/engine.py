@@ -91,6 +91,10 @@ class Engine:
         self._update_lock = threading.Lock()  # one weight update at a time
 
     def start(self) -> None:
+        # every batch size's decode step captured before serving (CUDA graphs), not inside the first requests
+        capture = getattr(self.runner, "capture_decode_steps", None)
+        if capture is not None:
+            capture(self.scheduler.batch)
         self.scheduler.start()
 
     def shutdown(self) -> None:

@@ -721,6 +721,27 @@ class ModelRunner:
         handle = self.launch_sample(batch, tokens, params, generators)
         return None if handle is None else self.collect(handle)
 
+    def capture_decode_steps(self, batch: BatchKV | StaticBatchKV) -> int:
+        """Capture the fused decode step of every bucket up to the batch's rows now (its buffers allocated
+        if still empty), while no row runs, instead of at the first step of each batch size a run meets (a
+        capture costs many steps' time, and arrivals over HTTP pass through many sizes). Returns how many
+        were captured; 0 where steps are not captured (no CUDA graphs, no fused sampling, rows running)."""
+        if not (self.fused_sampling and self.cuda_graphs and not self._graph_failed
+                and isinstance(batch, StaticBatchKV)) or batch.lengths:
+            return 0
+        batch.reserve(decode_bucket(self.static_rows))
+        captured = 0
+        for bucket in DECODE_BUCKETS:
+            if bucket > batch.rows or self._graph_failed:
+                break
+            step = self._static_step(batch, bucket, fused=True)
+            if step["graph"] is None:
+                self._write_fused_inputs(step, batch, [], [], [])  # idle rows: they write column 0, holding nothing
+                self._capture(step)
+                step["state"] = None  # the first real step writes its inputs
+                captured += step["graph"] is not None
+        return captured
+
     def launch_sample(self, batch: BatchKV | StaticBatchKV, tokens: list[int], params: list[Any],
                       generators: list[Any]) -> dict[str, Any] | None:
         """The first half of :meth:`decode_sample`: queue the step on the device and return at once (the
