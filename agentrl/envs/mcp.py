@@ -211,6 +211,8 @@ class SharedServer:
         full_key = (id(loop), *key)
         shared = cls._open.get(full_key)
         if shared is None or shared.broken or shared.loop is not loop or (shared.task and shared.task.done()):
+            if shared is not None and shared.loop is loop and shared.task is not None:
+                shared.task.cancel()  # a broken connection's holder lets go of it (and its process)
             for stale in [k for k, v in cls._open.items() if v.loop.is_closed()]:
                 del cls._open[stale]
             shared = cls._open[full_key] = cls(loop)

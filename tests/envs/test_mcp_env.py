@@ -131,6 +131,12 @@ def test_process_lifetime_shares_one_server_and_replaces_a_dead_one(tokenizer, r
         after_env, after = episode(tasks[3], "after")
         result = await after  # the next episode starts the server afresh
         assert after_env._session is not first and after_env.mcp_calls == ["add"]
+        broken = envs[0]._shared  # its holder task was cancelled when the new connection replaced it
+        for _ in range(200):
+            if broken.task.done():
+                break
+            await asyncio.sleep(0.05)
+        assert broken.task.done() and not after_env._shared.task.done()
         return [r.metrics.reward for r in results] + [result.metrics.reward]
 
     assert asyncio.run(main()) == [1.0] * 4
