@@ -131,6 +131,7 @@ def _reap():
         while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
             if pid == _Zygote.pid:  # an agent killed it: its pid must not be spared once reused
                 _Zygote.pid = None
+            _Zygote.dead(pid)
 
 
 class _Zygote:
@@ -138,14 +139,24 @@ class _Zygote:
     it served any request, and never handed a request's bytes since, so no child can find another
     episode's code or output in the memory it inherits (the executor's freed heap holds both).
 
-    Per child it receives, over a private socket, the child's four fds (stdin, stdout, stderr and a
-    socket the child reads its code from) and answers the child's pid. It forks twice so that the
-    child is reparented to the executor (a child subreaper, or PID 1 under bubblewrap), which then
-    waits for it like for any command. It is non-dumpable like the executor; when an agent kills it,
-    ``run_python`` falls back to a fresh ``python3 -c`` (never to a fork of the executor)."""
+    It forks children ahead of need: per ``s`` message on a private socket it receives one end of a
+    fresh socket pair, forks a child that waits on it and answers that child's pid. The executor keeps
+    one such spare ready and asks for the next as it hands one a command, so the fork runs while a
+    command runs instead of before it starts. The children stay the zygote's (one fork each: forking
+    twice to hand them to the executor cost a third of an exec's CPU); the executor watches one through
+    a pidfd, kills its group, then asks ``w`` for its wait status, and the zygote reaps it only then, so
+    its pid (its group's id) is not reused before the executor is done with it. ``d`` names a spare
+    dropped unused, reaped once it exits. Orphans of a command still go to the executor (a child
+    subreaper, or PID 1 under bubblewrap), and so do the zygote's children if an agent kills it. A spare holds
+    nothing of any request until its own arrives; reset kills it like every agent process and asks
+    for a new one. The zygote is non-dumpable like the executor, and so is a spare until its command
+    came; when an agent kills the zygote, ``run_python`` falls back to a fresh ``python3 -c`` (never to
+    a fork of the executor)."""
 
     pid = None
     _sock = None
+    _spare = None  # (pid, socket) of a child waiting for its command
+    _asked = None  # our end of the socket the zygote is forking a spare for (its pid not read yet)
 
     @classmethod
     def start(cls, protocol_fds):
@@ -165,54 +176,143 @@ class _Zygote:
                 os._exit(0)
         child.close()
         cls.pid, cls._sock = pid, parent
+        cls._ask()
 
     @staticmethod
     def _serve(sock):
+        dropped = set()
         while True:
-            msg, fds, _, _ = socket.recv_fds(sock, 16, 4)
-            if not msg or len(fds) != 4:
-                return
-            r_pid, w_pid = os.pipe()
-            middle = os.fork()
-            if middle == 0:
-                pid = -1
+            for pid in list(dropped):
+                with contextlib.suppress(ChildProcessError):
+                    if not os.waitpid(pid, os.WNOHANG)[0]:
+                        continue
+                dropped.discard(pid)
+            msg, fds, _, _ = socket.recv_fds(sock, 16, 1)
+            if msg[:1] in (b"w", b"d") and len(msg) == 5 and not fds:
+                pid = struct.unpack(">i", msg[1:])[0]
+                if msg[:1] == b"d":
+                    dropped.add(pid)
+                    continue
                 try:
-                    pid = os.fork()
-                    if pid == 0:
-                        _run_forked_child(*fds)
-                finally:
-                    os.write(w_pid, struct.pack(">i", pid))
-                    os._exit(0)
-            os.close(w_pid)
-            os.waitpid(middle, 0)  # the code runner is now the executor's child
-            reply = os.read(r_pid, 4)
-            os.close(r_pid)
-            for fd in fds:
-                os.close(fd)
-            sock.send(reply if len(reply) == 4 else struct.pack(">i", -1))
+                    status = os.waitpid(pid, 0)[1]
+                except ChildProcessError:
+                    status = -1
+                sock.send(struct.pack(">i", status))
+                continue
+            if msg != b"s" or len(fds) != 1:
+                return
+            try:
+                pid = os.fork()
+            except OSError:  # EAGAIN at the pids limit (a fork bomb of the agent's): no spare this time
+                pid = -1
+            if pid == 0:
+                _spare_child(fds[0])  # never returns
+            os.close(fds[0])
+            sock.send(struct.pack(">i", pid))
 
     @classmethod
-    def spawn(cls, fds):
-        """The pid of a fresh child that owns ``fds``; None when the zygote is gone."""
-        if cls._sock is None:
-            return None
+    def _ask(cls):
+        """Ask the zygote to fork the next spare; it answers the pid when ``take`` needs it."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             cls._sock.settimeout(5.0)
-            socket.send_fds(cls._sock, [b"f"], list(fds), socket.MSG_NOSIGNAL)
-            reply = cls._sock.recv(16)
-            pid = struct.unpack(">i", reply)[0] if len(reply) == 4 else 0
+            socket.send_fds(cls._sock, [b"s"], [theirs.fileno()], socket.MSG_NOSIGNAL)
         except OSError:
-            pid = 0
-        if pid <= 0:
+            ours.close()
+            cls.gone()
+        else:
+            cls._asked = ours
+        finally:
+            theirs.close()
+
+    @classmethod
+    def _answer(cls):
+        """The zygote's next 4-byte answer (they come in the order asked); None when it is gone."""
+        try:
+            cls._sock.settimeout(5.0)
+            reply = cls._sock.recv(16)
+        except OSError:
+            reply = b""
+        if len(reply) != 4:
             cls.gone()
             return None
-        return pid
+        return struct.unpack(">i", reply)[0]
+
+    @classmethod
+    def _collect(cls):
+        ours, cls._asked = cls._asked, None
+        pid = cls._answer()
+        if pid is None or pid <= 0:
+            ours.close()  # gone, or its fork failed
+        else:
+            cls._spare = (pid, ours)
+
+    @classmethod
+    def _tell(cls, op, pid):
+        try:
+            cls._sock.settimeout(5.0)
+            cls._sock.send(op + struct.pack(">i", pid), socket.MSG_NOSIGNAL)
+        except OSError:
+            cls.gone()
+            return False
+        return True
+
+    @classmethod
+    def wait_status(cls, pid):
+        """The wait status of the zygote's child ``pid`` (an exited one: a pidfd said so), reaped now;
+        None when the zygote is gone."""
+        if cls._sock is not None and cls._asked is not None:
+            cls._collect()
+        if cls._sock is None or not cls._tell(b"w", pid):
+            return None
+        status = cls._answer()
+        return None if status is None or status < 0 else status
+
+    @classmethod
+    def take(cls):
+        """``(pid, socket)`` of a spare child, the next one asked for; None when the zygote is gone."""
+        if cls._spare is None and cls._asked is not None:
+            cls._collect()
+        if cls._spare is None and cls._sock is not None:  # the last fork failed: try once more now
+            cls._ask()
+            if cls._asked is not None:
+                cls._collect()
+        spare, cls._spare = cls._spare, None
+        if spare is not None and cls._sock is not None:
+            cls._ask()  # forked while this one runs
+        return spare
+
+    @classmethod
+    def renew(cls):
+        """Drop the spare (reset has killed it, or it may have been tampered with) and ask for a new one."""
+        if cls._asked is not None and cls._sock is not None:
+            cls._collect()  # keep the zygote's answers in step with our questions
+        cls.dead(None)
+        if cls._sock is not None:
+            cls._ask()
+
+    @classmethod
+    def dead(cls, pid):
+        """Forget the spare when it is ``pid`` (reaped: its pid may be reused) or when ``pid`` is None."""
+        if cls._spare is not None and pid in (None, cls._spare[0]):
+            cls.drop(*cls._spare)
+            cls._spare = None
+
+    @classmethod
+    def drop(cls, pid, sock):
+        """A spare not used: it exits once its socket closes (if still alive) and the zygote reaps it."""
+        sock.close()
+        if cls._sock is not None:
+            cls._tell(b"d", pid)
 
     @classmethod
     def gone(cls):
-        with contextlib.suppress(OSError):
-            cls._sock.close()
-        cls._sock = None
+        for sock in (cls._sock, cls._asked):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        cls._sock = cls._asked = None
+        cls.dead(None)
         if cls.pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(cls.pid, signal.SIGKILL)
@@ -241,67 +341,105 @@ class _ForkedPython:
     the zygote is gone."""
 
     def __init__(self, code, with_stdin, env, cwd, private=False):
+        payload = json.dumps({"code": code, "env": env, "cwd": cwd, "private": private}).encode()
+        frame = memoryview(struct.pack(">I", len(payload)) + payload)
         r_in, w_in = os.pipe() if with_stdin else (os.open(os.devnull, os.O_RDONLY), None)
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid = _Zygote.spawn((r_in, w_out, w_err, theirs.fileno()))
+            pid = self._hand_over(frame, (r_in, w_out, w_err))
         finally:
             for fd in (r_in, w_out, w_err):
                 os.close(fd)
-            theirs.close()
         if pid is None:
             for fd in (w_in, r_out, r_err):
                 if fd is not None:
                     os.close(fd)
-            ours.close()
             raise OSError(errno.ESRCH, "the zygote is gone")
         self.pid, self.returncode = pid, None
-        payload = json.dumps({"code": code, "env": env, "cwd": cwd, "private": private}).encode()
-        with contextlib.suppress(OSError):  # a child that died (or was stopped) first reports itself
-            ours.settimeout(5.0)
-            ours.sendall(struct.pack(">I", len(payload)) + payload, socket.MSG_NOSIGNAL)
-        ours.close()
         self.stdin = os.fdopen(w_in, "wb", buffering=0) if w_in is not None else None
         self.stdout = os.fdopen(r_out, "rb", buffering=0)
         self.stderr = os.fdopen(r_err, "rb", buffering=0)
 
+    @staticmethod
+    def _hand_over(frame, fds):
+        """Give a spare its fds and request; its pid, or None when no spare is left."""
+        for _ in range(2):  # a spare an agent killed refuses the fds: the next one
+            spare = _Zygote.take()
+            if spare is None:
+                return None
+            pid, sock = spare
+            try:
+                sock.settimeout(5.0)
+                sent = socket.send_fds(sock, [frame[:65536]], list(fds), socket.MSG_NOSIGNAL)
+            except OSError:
+                _Zygote.drop(pid, sock)
+                continue
+            with contextlib.suppress(OSError):  # a child that died (or was stopped) first reports itself
+                sock.sendall(frame[sent:], socket.MSG_NOSIGNAL)
+            sock.close()
+            return pid
+        return None
+
     def poll(self):
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            try:
+                with open(f"/proc/{self.pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "X"
+            if state in ("Z", "X"):
+                self.wait()
         return self.returncode
 
     def wait(self):
+        """The exit code, from the zygote; once an agent killed the zygote its children are ours (the
+        executor is their subreaper) and are waited for here, and one already reaped reads as SIGKILLed."""
         if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            status = _Zygote.wait_status(self.pid)
+            if status is None:
+                try:
+                    status = os.waitpid(self.pid, 0)[1]
+                except ChildProcessError:
+                    status = signal.SIGKILL
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
 
-def _run_forked_child(stdin_fd, stdout_fd, stderr_fd, code_fd):
-    """In a fork of the zygote: become ``python3 -c CODE`` with the code read from ``code_fd``."""
+def _spare_child(sock_fd):
+    """In a fork of the zygote: wait on ``sock_fd`` for stdin, stdout, stderr and a request, then become
+    ``python3 -c CODE``. Everything that needs no request is done before it comes."""
     rc = 1
     try:
         os.setsid()
-        for target, fd in enumerate((stdin_fd, stdout_fd, stderr_fd)):
-            os.dup2(fd, target)
-        request = _read_frame(code_fd)
-        os.closerange(3, 65536)
-        if request is not None:
-            request = json.loads(request)
-            # As after exec: the agent's own process, holding none of our fds. A private one (the host's
-            # health probe) stays non-dumpable, so no leftover of the agent can write into its output.
-            _set_dumpable(not request["private"])
-            rc = _child_python(request["code"], request["env"], request["cwd"])
+        os.closerange(3, sock_fd)
+        os.closerange(sock_fd + 1, 65536)
+        sock = socket.socket(fileno=sock_fd)
+        _warm_up()  # the pages a child writes first are copied now, not once its command is waiting
+        msg, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+        if len(fds) == 3:
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            body = bytearray(msg)
+            size = None
+            while size is None or len(body) < size:
+                if size is None and len(body) >= 4:
+                    size = struct.unpack(">I", body[:4])[0] + 4
+                    continue
+                chunk = sock.recv(1 << 20 if size is None else min(size - len(body), 1 << 20))
+                if not chunk:
+                    break
+                body += chunk
+            sock.detach()
+            os.closerange(3, 65536)
+            if size is not None and len(body) == size:
+                request = json.loads(body[4:])
+                # As after exec: the agent's own process, holding none of our fds. A private one (the
+                # host's health probe) stays non-dumpable, so no leftover of the agent can write into its output.
+                _set_dumpable(not request["private"])
+                rc = _child_python(request["code"], request["env"], request["cwd"])
     finally:
         os._exit(rc)
-
-
-def _read_frame(fd):
-    head = _read_exact(fd, 4)
-    return None if head is None else _read_exact(fd, struct.unpack(">I", head)[0])
 
 
 def _child_python(code, env, cwd):
@@ -475,7 +613,9 @@ class _Streams:
 def reset(req):
     if not _CONTAINED:
         return {"ok": False, "why": "reset kills every process of this uid: only inside a sandbox (--contained)"}
-    if not _kill_every_other_agent_process():
+    killed = _kill_every_other_agent_process()
+    _Zygote.renew()  # the spare was killed with the rest
+    if not killed:
         return {"ok": False, "why": "agent processes survived SIGKILL"}
     _remove_sysv_ipc()
     paths = [path for path, _ in req["paths"]]

@@ -91,3 +91,18 @@ def solo_pool(backend):
     if backend not in _pools:
         _pools[backend] = SandboxPool(size=1, backend=backend).start()
     return _pools[backend]
+
+
+FORKED = "import sys\nprint('--contained' in open('/proc/self/cmdline').read())\n"
+
+
+def test_run_python_keeps_forking_from_the_zygote_across_episodes(solo_pool):
+    """Every episode's run_python is a fork of the zygote (whose command line is the executor's), not the
+    fresh-interpreter fallback: a reset that kills the spare child while the zygote forks the next one
+    must not cost the zygote (it did: the sandbox then started a python3 per call)."""
+    for _ in range(4):
+        with solo_pool.session(timeout=60) as sb:
+            sb.exec("sleep 30 >/dev/null 2>&1 &", timeout=20)  # a leftover for the reset to kill
+            for _ in range(2):
+                res = sb.run_python(FORKED, timeout=20)
+                assert res.exit_code == 0 and res.stdout == "True\n", res
