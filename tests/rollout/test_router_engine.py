@@ -2,20 +2,22 @@
 
 One module-scoped fleet (3 engines, 2 of them registered at start) keeps the file fast; the tests run
 in file order and each leaves the fleet usable for the next:
-affinity + prefix reuse -> engine added at run time -> pause / update weights / continue -> engine killed.
+affinity + prefix reuse -> engine added at run time -> pause / update weights / continue -> engine killed
+-> EngineWatch removes a killed engine and restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from rollout_helpers import http_json
 
 from agentrl.rollout.client import RolloutClient
-from agentrl.rollout.router import SmgRouter
+from agentrl.rollout.router import EngineWatch, SmgRouter
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -201,3 +203,46 @@ def test_engine_killed_mid_run_loses_no_episode(fleet):
     served = sum(_requests_served(e.url) - b for e, b in zip(engines, before, strict=True) if e is not victim)
     assert served >= 16, served  # the survivors did the rest
     assert all(e.alive for e in survivors)
+
+
+def _seconds_until(predicate, timeout: float) -> float:
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"not within {timeout} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_watch_removes_a_killed_engine_and_restarts_it(fleet):
+    """agentrl's EngineWatch on the fleet's live registered engines (the last test: an engine it restarts
+    dies with the watch's thread): a SIGKILLed engine leaves the router within seconds and the rest serve;
+    with ``restart`` it comes back on its port, registered and serving."""
+    router = fleet.router
+    registered = {w.url for w in router.workers()}
+    for dead in [e for e in fleet.engines if not e.alive and e.url in registered]:  # the previous test's victim
+        router.remove_worker(dead.url)
+    engines = [e for e in fleet.engines if e.alive and e.url in registered]
+    assert len(engines) >= 2
+    victim = engines[0]
+    events: list[tuple[str, str]] = []
+    watch = EngineWatch(router, engines, on_event=lambda url, what: events.append((url, what))).start()
+    try:
+        victim.kill()  # SIGKILL: no goodbye
+        took = _seconds_until(lambda: router.worker_id(victim.url) is None
+                              or all(w.status != "ready" for w in router.workers() if w.url == victim.url), 10)
+        assert took < 4 and (victim.url, "removed") in events
+        episodes = asyncio.run(_episodes(router.url, "watch", n_sessions=8, n_turns=1))
+        assert all(len(res.turn.output_ids) == 1 for (res,) in episodes)
+    finally:
+        watch.stop()
+    # with restart: the same engine comes back on its port and serves again
+    watch = EngineWatch(router, engines, restart=True, startup_timeout=180,
+                        on_event=lambda url, what: events.append((url, what)))
+    watch.removed.add(victim.url)
+    watch.start()
+    try:
+        _seconds_until(lambda: (victim.url, "restarted") in events, 200)
+        ready = {w.url for w in router.workers() if w.status == "ready" and w.is_healthy}
+        assert ready == {e.url for e in engines} and victim.alive
+    finally:
+        watch.stop()
