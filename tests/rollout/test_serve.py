@@ -76,9 +76,12 @@ def test_bad_arguments_exit_2_with_a_clear_message(argv, message, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_dir):
+def test_serve_prints_url_serves_restarts_a_dead_engine_and_ctrl_c_stops_all(tiny_model_dir):
+    """One ``serve --restart-dead-engines`` (each start costs two engines): the printed URL serves through
+    the router; a SIGKILLed engine is reported removed, restarted and is ready again; Ctrl-C then exits 0
+    and nothing listens on the router's or the engines' ports, the restarted engine's included."""
     port = free_port()
-    proc, lines, _ = _serve(tiny_model_dir, port)
+    proc, lines, err = _serve(tiny_model_dir, port, "--restart-dead-engines")
     try:
         url = lines.get(timeout=240).strip()
         assert url == f"http://127.0.0.1:{port}"
@@ -94,6 +97,8 @@ def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_
         results = asyncio.run(two_sessions())
         assert all(len(r.turn.output_ids) == 2 and r.turn.weight_version is not None for r in results)
 
+        _kill_an_engine_and_see_it_restarted(proc, url, err)
+
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         assert proc.wait(timeout=60) == 0
         _assert_nothing_listens([port, *engine_ports])
@@ -101,6 +106,22 @@ def test_serve_prints_url_serves_through_router_and_ctrl_c_stops_all(tiny_model_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _kill_an_engine_and_see_it_restarted(proc: subprocess.Popen, url: str, err: queue.Queue[str]) -> None:
+    victim = _workers(url)[0]["url"]
+    port_arg = victim.rsplit(":", 1)[1]
+    (engine,) = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                 if "agentrl.engine" in c.cmdline() and port_arg in c.cmdline()]
+    engine.kill()
+    seen: list[str] = []
+    deadline = time.monotonic() + 200
+    while not any(f"{victim}: restarted" in line for line in seen) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            seen.append(err.get(timeout=1))
+    assert any(f"{victim}: removed" in line for line in seen), seen
+    assert any(f"{victim}: restarted" in line for line in seen), seen
+    assert victim in {w["url"] for w in _workers(url) if w["status"] == "ready" and w["is_healthy"]}
 
 
 def _assert_nothing_listens(ports: list[int], within: float = 10.0) -> None:
@@ -136,33 +157,5 @@ def test_kill_9_of_serve_leaves_nothing_serving(tiny_model_dir):
         _assert_nothing_listens([port, *engine_ports])
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.mark.slow
-def test_serve_takes_a_dead_engine_out_and_restarts_it(tiny_model_dir):
-    port = free_port()
-    proc, lines, err = _serve(tiny_model_dir, port, "--restart-dead-engines")
-    try:
-        url = lines.get(timeout=240).strip()
-        victim = _workers(url)[0]["url"]
-        port_arg = victim.rsplit(":", 1)[1]
-        (engine,) = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                     if "agentrl.engine" in c.cmdline() and port_arg in c.cmdline()]
-        engine.kill()
-        seen: list[str] = []
-        deadline = time.monotonic() + 200
-        while not any(f"{victim}: restarted" in line for line in seen) and time.monotonic() < deadline:
-            with contextlib.suppress(queue.Empty):
-                seen.append(err.get(timeout=1))
-        assert any(f"{victim}: removed" in line for line in seen), seen
-        assert any(f"{victim}: restarted" in line for line in seen), seen
-        assert victim in {w["url"] for w in _workers(url) if w["status"] == "ready" and w["is_healthy"]}
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
