@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 CLIENT = "client (this process)"
-# The client process's split: these are inside its CPU time; "client" is what is left (RolloutClient, aiohttp,
+# The client process's split: these are inside its CPU time; "client" is what is left (RolloutClient and its HTTP,
 # the event loop, the agent loop's own glue).
 TEMPLATE, TRAJECTORY, PROOF, ENV = "  template + tokenize", "  trajectory manager", "  proof", "  env (tools, reward)"
 
@@ -219,7 +219,7 @@ def split(counts: dict) -> dict[str, float]:
     parts = {name: 1000 * sec / turns for name, sec in counts["component_s"].items()}
     out = {CLIENT: per_turn.pop(CLIENT)}
     out |= parts
-    out["  client: RolloutClient, aiohttp, event loop, agent loop"] = out[CLIENT] - sum(parts.values())
+    out["  client: RolloutClient + HTTP, event loop, agent loop"] = out[CLIENT] - sum(parts.values())
     out |= per_turn
     return {name: round(ms, 3) for name, ms in out.items()}
 
