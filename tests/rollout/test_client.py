@@ -340,3 +340,24 @@ def test_one_client_survives_several_event_loops():
         await client.aclose()
 
     run(close())
+
+
+def test_the_record_holds_the_prompt_as_sent_even_if_the_caller_changes_its_list():
+    import numpy as np
+
+    async def ok(request, body, n):
+        await asyncio.sleep(0.05)
+        return web.json_response(answer(body["input_ids"], body["rid"]))
+
+    async def main():
+        async with FaultServer(ok) as srv, RolloutClient(srv.url) as client:
+            ids = [1, 2, 3]
+            task = asyncio.create_task(client.generate(ids, session_id="s"))
+            await asyncio.sleep(0.01)
+            ids.append(99)  # the agent loop's list, changed while the request is out
+            res = await task
+            assert res.turn.prompt_ids == (1, 2, 3) and srv.bodies[0]["input_ids"] == [1, 2, 3]
+            res = await client.generate(np.array([5, 6], dtype=np.int64), session_id="s")  # numpy ids: plain ints
+            assert res.turn.prompt_ids == (5, 6) and all(type(t) is int for t in res.turn.prompt_ids)
+
+    run(main())
