@@ -16,6 +16,7 @@ CONFIG = "examples/arithmetic/config.yaml"
 
 
 def small(cache) -> list[str]:
+    """The warm-up settings are conftest.py's arith_small ones: the same cache key, so its warm model."""
     return ["--cache_dir", str(cache), "--warmup.max_steps", "4", "--warmup.check_every", "2",
             "--warmup.num_conversations", "64", "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2",
             "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16", "--eval.every", "100",
@@ -24,12 +25,14 @@ def small(cache) -> list[str]:
 
 def step_rows(out) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # the shared cache's warm model (its warm-up settings kept in step): only the cached history rows
+    assert all(r.get("cached") for r in rows if "warmup_step" in r)
     return [r for r in rows if "step" in r and r["step"] > 0]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")  # one warm-up for both loops
+def cache(arith_first_run):
+    return arith_first_run["cache"]  # the warm model of test_train_loop.py's first run (conftest.py): no warm-up here
 
 
 def test_one_step_off_async_loop_trains_every_batch_one_version_late(tmp_path, cache) -> None:

@@ -16,14 +16,10 @@ def rows(out) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_runs_the_real_loop_then_resumes(tmp_path) -> None:
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    small = ["--cache_dir", str(cache), "--warmup.max_steps", "4", "--warmup.check_every", "2",
-             "--warmup.num_conversations", "64", "--rollout.num_engines", "1", "--rollout.prompts_per_step", "2",
-             "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16", "--eval.every", "2",
-             "--eval.num_tasks", "8", "--sync_options", '{"transport": "broadcast"}']
+def test_train_runs_the_real_loop_then_resumes(tmp_path, arith_first_run) -> None:
+    # the first run (2 steps from an empty cache) is conftest.py's arith_first_run; its cache is shared
+    out, cache, small = arith_first_run["out"], arith_first_run["cache"], arith_first_run["small"]
     config = "examples/arithmetic/config.yaml"
-    assert main([config, "--output-dir", str(out), "--steps", "2", *small]) == 0
     first = rows(out)
     warmup = [r for r in first if "warmup_step" in r]
     assert [r["warmup_step"] for r in warmup if "warmup_check_accuracy" in r][:2] == [2, 4]
