@@ -83,7 +83,9 @@ class PrefixCache:
         with self._lock:
             # drop entries that this one extends (their KV is a slice of ours)
             same_first = self._by_first.get(key[0], {})
-            for old in [e for e in same_first.values() if len(e.tokens) <= n and key[: len(e.tokens)] == e.tokens]:
+            # (the last-token test first: entries that share a system prompt rarely end where this one has the same)
+            for old in [e for e in same_first.values() if len(e.tokens) <= n and key[len(e.tokens) - 1] == e.tokens[-1]
+                        and key[: len(e.tokens)] == e.tokens]:
                 self._remove(old.tokens)
             self._entries[key] = self._by_first.setdefault(key[0], {})[key] = _Entry(key, kv)
             self._tokens += n
