@@ -5,8 +5,9 @@ weights (``ROOT/step-1.weights.pt``), then
 
 * ``pause-before-seal``: starts saving ``ROOT/step-2`` and stops for good once the shards are written,
   before the manifest (``ROOT/paused`` says it is there);
-* ``loop``: trains and saves ``ROOT/step-2`` over and over (``ROOT/saved-2`` after the first complete one),
-  so a kill lands in the middle of replacing an earlier step-2.
+* ``loop``: waits for ``ROOT/go`` (so that it can be started early, its imports and first step beside
+  another test's work), then trains and saves ``ROOT/step-2`` over and over (``ROOT/saved-2`` after the
+  first complete one), so a kill lands in the middle of replacing an earlier step-2.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main(tiny: Path, root: Path, mode: str) -> None:
         checkpoint._seal = pause
         trainer.save_checkpoint(root / "step-2", {"weight_version": 2})
     elif mode == "loop":
+        while not (root / "go").exists():
+            time.sleep(0.01)
         seed = 2
         while True:
             trainer.train_step(synthetic_samples(n_groups=2, per_group=4, seed=seed))

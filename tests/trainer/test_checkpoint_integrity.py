@@ -231,16 +231,31 @@ def _after_the_kill(root: Path, tiny: Path) -> None:
     assert MegatronTrainer(tiny, TrainerConfig(lr=1e-3)).load_checkpoint(root / "step-2") == {"weight_version": 9}
 
 
-def test_kill_9_before_the_manifest_leaves_no_step_and_the_next_save_succeeds(tiny_dir, tmp_path):
-    proc = _start_worker(tiny_dir, tmp_path, "pause-before-seal")
-    _kill_when(proc, lambda: (tmp_path / "paused").exists())
-    assert not (tmp_path / "step-2").exists()
-    assert _temp_with_shards(tmp_path)
-    _after_the_kill(tmp_path, tiny_dir)
+@pytest.fixture(scope="module")
+def kill_workers(tiny_dir, tmp_path_factory):
+    """Both kill -9 workers, started together when the first of their tests begins: the second one's
+    imports, first step and step-1 save run beside the first test (its ``loop`` waits for ``ROOT/go``)."""
+    roots = {mode: tmp_path_factory.mktemp(mode) for mode in ("pause-before-seal", "loop")}
+    procs = {mode: _start_worker(tiny_dir, root, mode) for mode, root in roots.items()}
+    yield {mode: (procs[mode], root) for mode, root in roots.items()}
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
 
 
-def test_kill_9_while_replacing_an_earlier_attempt_keeps_it_and_the_next_save_succeeds(tiny_dir, tmp_path):
-    proc = _start_worker(tiny_dir, tmp_path, "loop")
-    _kill_when(proc, lambda: (tmp_path / "saved-2").exists() and _temp_with_shards(tmp_path))
-    assert (tmp_path / "step-2").is_dir()
-    _after_the_kill(tmp_path, tiny_dir)
+def test_kill_9_before_the_manifest_leaves_no_step_and_the_next_save_succeeds(tiny_dir, kill_workers):
+    proc, root = kill_workers["pause-before-seal"]
+    _kill_when(proc, lambda: (root / "paused").exists())
+    assert not (root / "step-2").exists()
+    assert _temp_with_shards(root)
+    _after_the_kill(root, tiny_dir)
+
+
+def test_kill_9_while_replacing_an_earlier_attempt_keeps_it_and_the_next_save_succeeds(tiny_dir, kill_workers):
+    proc, root = kill_workers["loop"]
+    (root / "go").write_text("")
+    _kill_when(proc, lambda: (root / "saved-2").exists() and _temp_with_shards(root))
+    assert (root / "step-2").is_dir()
+    _after_the_kill(root, tiny_dir)
