@@ -49,6 +49,12 @@ def qwen3():
     return fast
 
 
+@pytest.fixture(scope="module")
+def qwen3_renderer(qwen3):
+    """One renderer (thinking off) for every Qwen3 test and example, as one run has: building one on the
+    151k-token vocabulary takes ~1.5 s, which per hypothesis example was most of this file's time."""
+    return ChatRenderer(qwen3, enable_thinking=False)
+
 class Toolbox(Environment):
     """Tools whose results carry control-token text; a reply without a call gets a user nudge (twice)."""
 
@@ -133,8 +139,8 @@ def test_append_gives_the_rerendered_prompts_when_the_template_does_not_drift(to
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=st.lists(replies(Qwen3Format()), min_size=2, max_size=5),
        policy_name=st.sampled_from(["realign", "fork", "truncate"]))
-def test_append_keeps_every_qwen3_episode_one_whole_sample(qwen3, script, policy_name):
-    renderer = ChatRenderer(qwen3, enable_thinking=False)
+def test_append_keeps_every_qwen3_episode_one_whole_sample(qwen3, qwen3_renderer, script, policy_name):
+    renderer = qwen3_renderer
     result, records = play(Toolbox(), ScriptedPolicy(qwen3, script), renderer, mode="append", policy_name=policy_name)
     assert_each_prompt_extends_the_last_turn(records)
     assert result.metrics.drift == {"new": 1, **({"clean": len(records) - 1} if len(records) > 1 else {})}
@@ -168,13 +174,13 @@ def test_append_keeps_every_qwen3_episode_one_whole_sample(qwen3, script, policy
     ("fork", ["new", "forked", "forked"], [[0], [1], [2]]),
     ("truncate", ["new", "cut", "cut"], [[2]]),
 ])
-def test_rerender_drifts_every_qwen3_turn_without_thinking(qwen3, policy_name, outcomes, trained):
+def test_rerender_drifts_every_qwen3_turn_without_thinking(qwen3, qwen3_renderer, policy_name, outcomes, trained):
     """The issue's measurement: the generation prompt's empty think block is gone when the history is
     re-rendered, so every turn drifts inside its own prompt; append mode keeps the three turns one sample."""
     fmt = Qwen3Format()
     script = [fmt.render_calls([ToolCall("add", {"a": 12, "b": 34})]), "It is 46.",
               fmt.render_calls([ToolCall("submit", {"answer": 46})])]
-    renderer = ChatRenderer(qwen3, enable_thinking=False)
+    renderer = qwen3_renderer
     result, records = play(Toolbox(), ScriptedPolicy(qwen3, script), renderer, mode="rerender", policy_name=policy_name)
     assert result.metrics.drift == {o: outcomes.count(o) for o in set(outcomes)}
     assert [s.metadata["trained_turns"] for s in result.samples] == trained
@@ -201,8 +207,8 @@ class CutFirstReply(ScriptedPolicy):
         return record
 
 
-def test_a_reply_cut_on_length_gets_the_templates_end_of_turn_token(qwen3):
-    renderer = ChatRenderer(qwen3, enable_thinking=False)
+def test_a_reply_cut_on_length_gets_the_templates_end_of_turn_token(qwen3, qwen3_renderer):
+    renderer = qwen3_renderer
     policy = CutFirstReply(qwen3, ["I will think about 12+34 for a long while", "Fine.",
                                    Qwen3Format().render_calls([ToolCall("submit", {"answer": 46})])])
     result, records = play(Toolbox(), policy, renderer, mode="append")
@@ -215,11 +221,11 @@ def test_a_reply_cut_on_length_gets_the_templates_end_of_turn_token(qwen3):
     verify_session(result.samples, records)
 
 
-def test_the_environment_selects_append_and_generate_rollout_can_override(tokenizer, qwen3):
+def test_the_environment_selects_append_and_generate_rollout_can_override(tokenizer, qwen3, qwen3_renderer):
     class AppendToolbox(Toolbox):
         prompt_mode = "append"
 
-    renderer = ChatRenderer(qwen3, enable_thinking=False)
+    renderer = qwen3_renderer
     fmt = Qwen3Format()
     script = [fmt.render_calls([ToolCall("add", {"a": 12, "b": 34})]),
               fmt.render_calls([ToolCall("submit", {"answer": 46})])]
