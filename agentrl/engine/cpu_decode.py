@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentrl.engine.model_runner import RowBuffers
+from agentrl.engine.model_runner import RowBuffers, fill_holes
 
 if TYPE_CHECKING:
     import torch
@@ -93,16 +93,7 @@ class SlotBatchKV(RowBuffers):
         batch). Returns the old index of every remaining row, in its new order."""
         import torch
 
-        drop = set(rows)
-        order = list(range(len(self.lengths)))
-        moves: list[tuple[int, int]] = []  # (from, to)
-        for hole in sorted(drop):
-            while order and order[-1] in drop:
-                order.pop()
-            if hole >= len(order):
-                break
-            moves.append((order.pop(), hole))
-            order[hole] = moves[-1][0]
+        moves, order = fill_holes(len(self.lengths), rows)
         if moves:
             src = torch.tensor([s for s, _ in moves], device=self.device)
             dst = torch.tensor([d for _, d in moves], device=self.device)

@@ -120,6 +120,22 @@ class RowBuffers:
         self.lengths = [self.lengths[i] for i in rows]
 
 
+def fill_holes(n: int, rows: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The row moves that drop ``rows`` from a batch of ``n``: each hole is filled by the last remaining row.
+    Returns ``(moves, order)``: ``(from, to)`` pairs, and the old index of every remaining row in its new order."""
+    drop = set(rows)
+    order = list(range(n))
+    moves: list[tuple[int, int]] = []
+    for hole in sorted(drop):
+        while order and order[-1] in drop:
+            order.pop()
+        if hole >= len(order):
+            break
+        moves.append((order.pop(), hole))
+        order[hole] = moves[-1][0]
+    return moves, order
+
+
 class StaticBatchKV(RowBuffers):
     """The running batch's KV in fixed buffers (see module docstring); mutated in place.
 
@@ -180,16 +196,7 @@ class StaticBatchKV(RowBuffers):
         """Drop ``rows``: each hole is filled by the last remaining row (one row copied per hole, not the
         batch, as ``cpu_decode.SlotBatchKV.remove``). Returns the old index of every remaining row, in its new
         order."""
-        drop = set(rows)
-        order = list(range(len(self.lengths)))
-        moves: list[tuple[int, int]] = []  # (from, to)
-        for hole in sorted(drop):
-            while order and order[-1] in drop:
-                order.pop()
-            if hole >= len(order):
-                break
-            moves.append((order.pop(), hole))
-            order[hole] = moves[-1][0]
+        moves, order = fill_holes(len(self.lengths), rows)
         self._move_rows([s for s, _ in moves], [d for _, d in moves])
         self.lengths = [self.lengths[i] for i in order]
         self.version += 1
