@@ -36,3 +36,12 @@ def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not healthy after {timeout} s")
         time.sleep(0.05)
+
+
+def seconds_until(predicate, timeout: float) -> float:
+    """Seconds until ``predicate()`` holds, polled every 0.1 s; an assertion error after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"not within {timeout} s"
+        time.sleep(0.1)
+    return time.monotonic() - start

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_helpers import http_json
+from rollout_helpers import http_json, seconds_until
 
 from agentrl.rollout.client import RolloutClient
 from agentrl.rollout.router import EngineWatch, SmgRouter
@@ -175,8 +175,6 @@ def test_pause_update_continue_changes_version_and_logprobs_everywhere(fleet, tm
 
 
 def test_engine_killed_mid_run_loses_no_episode(fleet):
-    import time
-
     engines = fleet.engines
     params = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}  # longer turns: requests are in flight at the kill
     before = [_requests_served(e.url) for e in engines]
@@ -205,14 +203,6 @@ def test_engine_killed_mid_run_loses_no_episode(fleet):
     assert all(e.alive for e in survivors)
 
 
-def _seconds_until(predicate, timeout: float) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, f"not within {timeout} s"
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def test_watch_removes_a_killed_engine_and_restarts_it(fleet):
     """agentrl's EngineWatch on the fleet's live registered engines (the last test: an engine it restarts
     dies with the watch's thread): a SIGKILLed engine leaves the router within seconds and the rest serve;
@@ -228,7 +218,7 @@ def test_watch_removes_a_killed_engine_and_restarts_it(fleet):
     watch = EngineWatch(router, engines, on_event=lambda url, what: events.append((url, what))).start()
     try:
         victim.kill()  # SIGKILL: no goodbye
-        took = _seconds_until(lambda: router.worker_id(victim.url) is None
+        took = seconds_until(lambda: router.worker_id(victim.url) is None
                               or all(w.status != "ready" for w in router.workers() if w.url == victim.url), 10)
         assert took < 4 and (victim.url, "removed") in events
         episodes = asyncio.run(_episodes(router.url, "watch", n_sessions=8, n_turns=1))
@@ -241,7 +231,7 @@ def test_watch_removes_a_killed_engine_and_restarts_it(fleet):
     watch.removed.add(victim.url)
     watch.start()
     try:
-        _seconds_until(lambda: (victim.url, "restarted") in events, 200)
+        seconds_until(lambda: (victim.url, "restarted") in events, 200)
         ready = {w.url for w in router.workers() if w.status == "ready" and w.is_healthy}
         assert ready == {e.url for e in engines} and victim.alive
     finally:

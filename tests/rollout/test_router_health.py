@@ -3,21 +3,12 @@ restarting when asked) is tested on real engines in test_router_engine.py, on th
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from rollout_helpers import seconds_until
 
 from agentrl.rollout.router import SmgRouter
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _seconds_until(predicate, timeout: float) -> float:
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, f"not within {timeout} s"
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def test_smg_marks_a_dead_worker_unhealthy_within_seconds(stub_engines):
@@ -25,6 +16,6 @@ def test_smg_marks_a_dead_worker_unhealthy_within_seconds(stub_engines):
     dead, alive = stub_engines(2)
     with SmgRouter([dead.url, alive.url]) as router:
         dead.kill()
-        took = _seconds_until(lambda: not any(w.is_healthy for w in router.workers() if w.url == dead.url), 15)
+        took = seconds_until(lambda: not any(w.is_healthy for w in router.workers() if w.url == dead.url), 15)
         assert took < 8
         assert [w.url for w in router.workers() if w.is_healthy] == [alive.url]

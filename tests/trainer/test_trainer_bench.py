@@ -53,3 +53,20 @@ def test_memory_flags_reach_the_trainer_and_the_row_reports_components(tmp_path)
     assert row["params_gib"] * 2**30 == pytest.approx(2 * n, rel=0.01)
     assert row["grads_gib"] * 2**30 == pytest.approx(4 * n, rel=0.01)
     assert row["optimizer_gib"] * 2**30 == pytest.approx(12 * n, rel=0.01)
+
+
+# --setups: several batch shapes in one process, each row saying which shape it timed
+def test_setups_run_in_turn_and_rows_carry_their_shape(tmp_path):
+    out = tmp_path / "bench.json"
+    assert _load().main(["--shape", "tiny", "--steps", "1", "--threads", "1", "--attention", "sdpa", "--setups", "32x2x1", "64x1x2",
+                         "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    got = [(r["seq_len"], r["seqs_per_microbatch"], r["microbatches"], r["real_tokens"], r["tokens_per_microbatch"])
+           for r in rows]
+    assert got == [(32, 2, 1, 64, 64), (64, 1, 2, 128, 64)]
+
+
+@pytest.mark.parametrize("bad", ["32x2", "32x0x1", "axbxc"])
+def test_bad_setups_are_refused(bad):
+    with pytest.raises(SystemExit):
+        _load().main(["--shape", "tiny", "--setups", bad])
